@@ -1,0 +1,115 @@
+"""Prompts and message building, shared by SFT data, RL episodes and eval.
+
+Messages are OpenAI-style dicts whose ``content`` is a string or a list of items
+``{"type": "text", "text": ...}`` / ``{"type": "image", "image": PIL.Image}``. The
+overview of a video is sent as frames-as-images, each preceded by a ``<t seconds>`` text
+item (REFERENCE §1), never as a video tensor, so no video processor is needed.
+
+System prompt templates live in ``configs/prompts/<mode>.txt`` (override the folder with
+``prompt_dir``); adding a mode is adding a file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from paravt.core.toolcall import render_tools_block
+
+THINK_PREFIX = "<think>\n"
+PROMPT_DIR = Path(__file__).resolve().parents[2] / "configs" / "prompts"
+BUILTIN_MODES = ("direct", "reasoning", "agentic_general", "agentic_minimal")
+AGENTIC_MODES = ("agentic_general", "agentic_minimal")
+SUBAGENT_TEMPLATE = "subagent"
+
+
+def _template_path(name: str, prompt_dir: str | Path | None) -> Path:
+    path = Path(prompt_dir or PROMPT_DIR) / f"{name}.txt"
+    if not path.is_file():
+        available = sorted(p.stem for p in Path(prompt_dir or PROMPT_DIR).glob("*.txt"))
+        raise FileNotFoundError(f"prompt template {path} not found (available modes: {available})")
+    return path
+
+
+def available_modes(prompt_dir: str | Path | None = None) -> list[str]:
+    return sorted(p.stem for p in Path(prompt_dir or PROMPT_DIR).glob("*.txt") if p.stem != SUBAGENT_TEMPLATE)
+
+
+def system_prompt(mode: str, tool_schemas: list[dict] | None = None, prompt_dir: str | Path | None = None) -> str:
+    """The system prompt of a mode, with ``{tools}`` replaced by the tools block."""
+    text = _template_path(mode, prompt_dir).read_text(encoding="utf-8").strip()
+    if "{tools}" in text:
+        text = text.replace("{tools}", render_tools_block(tool_schemas))
+    return text
+
+
+def format_timestamp(t: float) -> str:
+    """The text item that precedes a frame: ``<12.0 seconds>``."""
+    return f"<{t:.1f} seconds>"
+
+
+def clock(t: float) -> str:
+    """MM:SS (or H:MM:SS past an hour)."""
+    t = max(0, int(round(t)))
+    h, rem = divmod(t, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def frames_content(frames: Sequence[Any]) -> list[dict[str, Any]]:
+    """Content items for frames that carry ``.timestamp`` and ``.image``: text + image each."""
+    items: list[dict[str, Any]] = []
+    for f in frames:
+        items.append({"type": "text", "text": format_timestamp(f.timestamp)})
+        items.append({"type": "image", "image": f.image})
+    return items
+
+
+def overview_user_content(
+    question: str, frames: Sequence[Any], video_path: str | None = None, duration: float | None = None
+) -> list[dict[str, Any]]:
+    """The main agent's first user turn: video header, the K overview frames, the question."""
+    items: list[dict[str, Any]] = []
+    header = []
+    if video_path is not None:
+        header.append(f"Video: {video_path}")
+    if duration is not None:
+        header.append(f"Duration: {duration:.1f} seconds")
+    if header:
+        items.append({"type": "text", "text": "\n".join(header) + "\n"})
+    items.extend(frames_content(frames))
+    items.append({"type": "text", "text": "\n" + question.strip()})
+    return items
+
+
+def build_messages(
+    mode: str,
+    question: str,
+    frames: Sequence[Any],
+    video_path: str | None = None,
+    duration: float | None = None,
+    tool_schemas: list[dict] | None = None,
+    prompt_dir: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": system_prompt(mode, tool_schemas, prompt_dir)},
+        {"role": "user", "content": overview_user_content(question, frames, video_path, duration)},
+    ]
+
+
+def subagent_prompt(start: float, end: float, prompt_dir: str | Path | None = None) -> str:
+    tmpl = _template_path(SUBAGENT_TEMPLATE, prompt_dir).read_text(encoding="utf-8").strip()
+    return tmpl.format(start=start, end=end, start_clock=clock(start), end_clock=clock(end), duration=end - start)
+
+
+def tool_response_text(body: str) -> str:
+    """One tool response block as the main agent sees it."""
+    return f"<tool_response>\n{body.strip()}\n</tool_response>"
+
+
+def tool_error_text(message: str) -> str:
+    return f"[Error: crop_video failed: {message}]"
+
+
+def truncate_note(text: str) -> str:
+    return text.rstrip() + " [truncated]"

@@ -1,0 +1,196 @@
+"""THE scorer: answer extraction, normalisation and metrics shared by the RL reward and eval.
+
+Nothing here knows about recipes or rewards; ``paravt.rl.rewards`` composes these pure
+functions into R_acc / R_fmt / R_tool and ``paravt.eval`` into benchmark metrics.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from typing import Iterable, Sequence
+
+from paravt.core.toolcall import parse_time
+
+MCQ_LETTERS = "ABCDEFGHIJ"
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_TOOL_BLOCK_RE = re.compile(
+    r"<(tool_call|tool_code|tool_response|video_zoom)>.*?(?:</\1>|\Z)", re.DOTALL
+)
+_ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+# ---------------------------------------------------------------------------------------
+# Answer extraction
+# ---------------------------------------------------------------------------------------
+
+def extract_answer(text: str) -> str:
+    """The answer of a completion, in REFERENCE §2 order.
+
+    1. the body of the last ``<answer>…</answer>``;
+    2. else the text after the last ``</think>`` with tool blocks removed;
+    3. else the last non-empty line that does not start with ``<|im_`` or ``<tool_``.
+    """
+    if not text:
+        return ""
+    found = _ANSWER_RE.findall(text)
+    if found:
+        return found[-1].strip()
+    if "</think>" in text:
+        tail = _TOOL_BLOCK_RE.sub("", text.rsplit("</think>", 1)[1]).strip()
+        if tail:
+            return tail
+    for line in reversed(text.splitlines()):
+        s = line.strip()
+        if s and not s.startswith("<|im_") and not s.startswith("<tool_"):
+            return s
+    return ""
+
+
+def normalize_answer(s: str) -> str:
+    """Lowercase, drop punctuation and articles (a/an/the), squeeze whitespace."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES_RE.sub(" ", s)
+    return " ".join(s.split())
+
+
+def exact_match(pred: str, gold: str) -> float:
+    return float(normalize_answer(pred) == normalize_answer(gold))
+
+
+def token_f1(pred: str, gold: str) -> float:
+    """SQuAD token F1 on normalised answers."""
+    p, g = normalize_answer(pred).split(), normalize_answer(gold).split()
+    if not p or not g:
+        return float(p == g)
+    common = Counter(p) & Counter(g)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p), same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+# ---------------------------------------------------------------------------------------
+# Multiple choice
+# ---------------------------------------------------------------------------------------
+
+_L = f"[{MCQ_LETTERS}]"
+_MCQ_PATTERNS = [
+    re.compile(rf"^\s*(?:[\(\[]({_L})[\)\]]|({_L})(?:[.:)]|\s*$))"),  # "B", "(B)", "B.", "B) text"
+    re.compile(rf"answer\s*(?:is|:)?\s*(?:option\s*)?[\(\[]?({_L})\b[\)\]]?", re.IGNORECASE),
+    re.compile(rf"\boption\s*[\(\[]?({_L})\b[\)\]]?", re.IGNORECASE),
+    re.compile(rf"[\(\[]({_L})[\)\]]"),
+]
+
+
+def extract_mcq_letter(text: str) -> str | None:
+    """The option letter (A–J) a text commits to, tolerant of "(B)", "Option B",
+    "The answer is B", "B. red". None when no letter can be found."""
+    if not text:
+        return None
+    t = text.strip()
+    for pat in _MCQ_PATTERNS:
+        m = pat.search(t)
+        if m:
+            return next(g for g in m.groups() if g).upper()
+    # Last resort: a single standalone capital letter in a short text.
+    letters = re.findall(rf"(?<![A-Za-z]){_L}(?![A-Za-z])", t)
+    if len(set(letters)) == 1 and len(t.split()) <= 2:
+        return letters[0]
+    return None
+
+
+def mcq_correct(pred: str, gold: str) -> float:
+    gl = extract_mcq_letter(gold) or gold.strip().upper()[:1]
+    pl = extract_mcq_letter(pred)
+    return float(pl is not None and pl == gl)
+
+
+# ---------------------------------------------------------------------------------------
+# Temporal grounding
+# ---------------------------------------------------------------------------------------
+
+_NUM = r"\d+(?:\.\d+)?"
+_CLOCK = r"\d{1,2}:\d{2}(?::\d{2})?(?:\.\d+)?"
+_TIME = rf"(?:{_CLOCK}|{_NUM})"
+_SPAN_PATTERNS = [
+    re.compile(rf"<time>\s*({_TIME})\s*(?:s|seconds)?\s*(?:-|–|to|,)\s*({_TIME})\s*(?:s|seconds)?\s*</time>", re.I),
+    re.compile(rf"\[\s*({_TIME})\s*(?:s|seconds)?\s*,\s*({_TIME})\s*(?:s|seconds)?\s*\]", re.I),
+    re.compile(rf"\bfrom\s+({_TIME})\s*(?:s|seconds)?\s+to\s+({_TIME})", re.I),
+    re.compile(rf"({_TIME})\s*(?:s|seconds)?\s*(?:-|–|to)\s*({_TIME})", re.I),
+]
+
+
+def extract_span(text: str) -> tuple[float, float] | None:
+    """The first temporal span ``(start, end)`` in seconds, or None.
+
+    Accepts ``[s, e]``, ``<time>s - e</time>``, ``from s to e``, ``s - e seconds`` with
+    numbers or MM:SS / HH:MM:SS times. A reversed pair is reordered."""
+    if not text:
+        return None
+    for pat in _SPAN_PATTERNS:
+        m = pat.search(text)
+        if m:
+            a, b = parse_time(m.group(1)), parse_time(m.group(2))
+            if isinstance(a, float) and isinstance(b, float):
+                return (min(a, b), max(a, b))
+    return None
+
+
+def temporal_iou(pred: Sequence[float] | None, gold: Sequence[float]) -> float:
+    if pred is None:
+        return 0.0
+    ps, pe = float(pred[0]), float(pred[1])
+    gs, ge = float(gold[0]), float(gold[1])
+    inter = max(0.0, min(pe, ge) - max(ps, gs))
+    union = max(pe, ge) - min(ps, gs)
+    return inter / union if union > 0 else 0.0
+
+
+def recall_at(ious: Iterable[float], thresholds: Sequence[float] = (0.3, 0.5, 0.7)) -> dict[str, float]:
+    ious = list(ious)
+    n = max(len(ious), 1)
+    return {f"R@{t}": sum(1 for i in ious if i >= t) / n for t in thresholds}
+
+
+def parse_gold_span(gold) -> tuple[float, float]:
+    if isinstance(gold, (list, tuple)) and len(gold) == 2:
+        return float(gold[0]), float(gold[1])
+    span = extract_span(str(gold))
+    if span is None:
+        raise ValueError(f"gold answer is not a temporal span: {gold!r}")
+    return span
+
+
+# ---------------------------------------------------------------------------------------
+# Accuracy per question type
+# ---------------------------------------------------------------------------------------
+
+QUESTION_TYPES = ("mcq", "tvg", "oe")
+ACC_MODES = ("f1", "exact", "llm")
+
+
+def rule_accuracy(pred: str, gold, question_type: str, mode: str = "f1") -> float:
+    """Rule-based accuracy of an extracted answer (REFERENCE §2 R_acc without the judge).
+
+    Exact match after normalisation scores 1 for every type; then ``mcq`` → letter match,
+    ``tvg`` → temporal IoU of the first span, otherwise ``f1`` → token F1, ``exact`` → 0.
+    ``llm`` mode is handled by the caller (it falls back to F1 here)."""
+    if question_type not in QUESTION_TYPES:
+        raise ValueError(f"unknown question_type {question_type!r} (expected one of {QUESTION_TYPES})")
+    if mode not in ACC_MODES:
+        raise ValueError(f"unknown accuracy mode {mode!r} (expected one of {ACC_MODES})")
+    gold_text = gold if isinstance(gold, str) else str(gold)
+    if pred and exact_match(pred, gold_text):
+        return 1.0
+    if question_type == "mcq":
+        return mcq_correct(pred, gold_text)
+    if question_type == "tvg":
+        return temporal_iou(extract_span(pred), parse_gold_span(gold))
+    if mode == "exact":
+        return 0.0
+    return token_f1(pred, gold_text)

@@ -1,0 +1,297 @@
+"""THE tool-call parser, shared by RL rollouts, the RL reward and the eval driver.
+
+Public API::
+
+    result = parse_tool_calls(text)
+    result.calls   # list[ToolCall]: .name (str), .arguments (dict)
+    result.errors  # list[str]: one message per block that could not be parsed
+
+Accepted forms (in order of precedence, see REFERENCE §1):
+
+1. Hermes JSON blocks ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
+   several per turn; an unclosed last block still counts; ``"parameters"`` is an alias of
+   ``"arguments"``; ``"arguments"`` may itself be a JSON string; a block may hold a JSON list.
+2. If no ``<tool_call>`` block exists: Python-call syntax inside ``<tool_code>`` blocks, e.g.
+   ``crop_video(video_path="v.mp4", start_time=10, end_time=20)``; positional arguments are
+   mapped to the tool's parameter order (``video_path, start_time, end_time`` for crop_video);
+   a ``print(...)`` wrapper is unwrapped; stray trailing quotes are tolerated.
+3. If neither exists: VideoZoomer-style ``<video_zoom>`` blocks holding ``{"start": s, "end": e}``
+   or a ``[s, e]`` pair, mapped to ``crop_video``.
+
+Times (``start_time``, ``end_time``, ``start``, ``end``) given as strings ("12.5", "12.5s",
+"01:05", "1:02:03") are normalised to float seconds. The parser never raises on model text.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+TIME_KEYS = ("start_time", "end_time", "start", "end")
+
+#: Positional parameter order per tool, used for ``<tool_code>`` positional arguments.
+POSITIONAL_PARAMS: dict[str, tuple[str, ...]] = {
+    "crop_video": ("video_path", "start_time", "end_time"),
+}
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
+_TOOL_CODE_RE = re.compile(r"<tool_code>(.*?)(?:</tool_code>|(?=<tool_code>)|\Z)", re.DOTALL)
+_VIDEO_ZOOM_RE = re.compile(r"<video_zoom>(.*?)(?:</video_zoom>|(?=<video_zoom>)|\Z)", re.DOTALL)
+_CLOCK_RE = re.compile(r"^\s*(?:(\d+):)?(\d{1,2}):(\d{1,2}(?:\.\d+)?)\s*$")
+_SECONDS_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:s|sec|secs|second|seconds)?\s*$", re.IGNORECASE)
+_TIME_TOKEN = r"(?:\d{1,2}:\d{2}(?::\d{2})?(?:\.\d+)?|\d+(?:\.\d+)?)"
+_PAIR_RE = re.compile(rf"({_TIME_TOKEN})\s*(?:,|-|–|to)\s*({_TIME_TOKEN})")
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    source: str = "tool_call"  # tool_call | tool_code | video_zoom
+    raw: str = ""
+
+
+@dataclass
+class ParseResult:
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.calls) + len(self.errors)
+
+    @property
+    def has_call(self) -> bool:
+        return bool(self.calls)
+
+
+def parse_time(value: Any) -> Any:
+    """Float seconds from a number or a time string; the value unchanged when not a time."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if not isinstance(value, str):
+        return value
+    m = _CLOCK_RE.match(value)
+    if m:
+        hours = float(m.group(1) or 0)
+        return hours * 3600 + float(m.group(2)) * 60 + float(m.group(3))
+    m = _SECONDS_RE.match(value)
+    if m:
+        return float(m.group(1))
+    return value
+
+
+def _normalise_arguments(args: dict[str, Any]) -> dict[str, Any]:
+    out = dict(args)
+    for key in TIME_KEYS:
+        if key in out:
+            out[key] = parse_time(out[key])
+    return out
+
+
+def _call_from_obj(obj: Any, raw: str) -> ToolCall:
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("missing 'name'")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        args = json.loads(args) if args.strip() else {}
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ValueError(f"'arguments' must be an object, got {type(args).__name__}")
+    return ToolCall(name=name.strip(), arguments=_normalise_arguments(args), source="tool_call", raw=raw)
+
+
+def _loads_lenient(body: str) -> Any:
+    """json.loads, then the first JSON value in the text (tolerates trailing junk)."""
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError:
+        pass
+    starts = [i for i in (body.find("{"), body.find("[")) if i >= 0]
+    if not starts:
+        raise ValueError("no JSON object in block")
+    obj, _ = json.JSONDecoder().raw_decode(body[min(starts):])
+    return obj
+
+
+def _short(text: str, n: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _parse_json_blocks(text: str, result: ParseResult) -> None:
+    for m in _TOOL_CALL_RE.finditer(text):
+        body = m.group(1).strip()
+        if not body:
+            result.errors.append("empty <tool_call> block")
+            continue
+        body = re.sub(r"^```(?:json)?\s*|\s*```$", "", body)
+        try:
+            obj = _loads_lenient(body)
+            objs = obj if isinstance(obj, list) else [obj]
+            if not objs:
+                raise ValueError("empty list")
+            for o in objs:
+                result.calls.append(_call_from_obj(o, body))
+        except (ValueError, TypeError, RecursionError) as exc:
+            result.errors.append(f"invalid <tool_call> JSON ({exc}): {_short(body)}")
+
+
+def _literal(node: ast.AST) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        if isinstance(node, ast.Name):  # bare identifier, e.g. video_path=video
+            return node.id
+        raise ValueError(f"non-literal argument {ast.dump(node)[:60]}")
+
+
+def _parse_python_call(body: str) -> ToolCall:
+    src = body.strip()
+    src = re.sub(r"^```(?:python|py)?\s*|\s*```$", "", src).strip()
+    last_exc: Exception | None = None
+    # Stray trailing quotes/backticks are tolerated: strip them one at a time until it parses.
+    for _ in range(4):
+        try:
+            tree = ast.parse(src, mode="eval")
+            break
+        except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+            last_exc = exc
+            if src and src[-1] in "'\"`":
+                src = src[:-1].rstrip()
+                continue
+            raise ValueError(f"not a Python call: {exc.__class__.__name__}") from None
+    else:
+        raise ValueError(f"not a Python call: {last_exc}")
+    node = tree.body
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print" and node.args:
+        node = node.args[0]
+    if not isinstance(node, ast.Call):
+        raise ValueError("not a function call")
+    func = node.func
+    if isinstance(func, ast.Name):
+        name = func.id
+    elif isinstance(func, ast.Attribute):
+        name = func.attr
+    else:
+        raise ValueError("unsupported callee")
+    args: dict[str, Any] = {}
+    order = POSITIONAL_PARAMS.get(name, ())
+    for i, a in enumerate(node.args):
+        if i >= len(order):
+            raise ValueError(f"too many positional arguments for {name}")
+        args[order[i]] = _literal(a)
+    for kw in node.keywords:
+        if kw.arg is None:
+            raise ValueError("**kwargs not supported")
+        args[kw.arg] = _literal(kw.value)
+    return ToolCall(name=name, arguments=_normalise_arguments(args), source="tool_code", raw=body)
+
+
+def _parse_code_blocks(text: str, result: ParseResult) -> None:
+    for m in _TOOL_CODE_RE.finditer(text):
+        body = m.group(1)
+        if not body.strip():
+            result.errors.append("empty <tool_code> block")
+            continue
+        try:
+            result.calls.append(_parse_python_call(body))
+        except ValueError as exc:
+            result.errors.append(f"invalid <tool_code> ({exc}): {_short(body)}")
+
+
+def _parse_zoom_blocks(text: str, result: ParseResult) -> None:
+    for m in _VIDEO_ZOOM_RE.finditer(text):
+        body = m.group(1).strip()
+        try:
+            start = end = None
+            try:
+                obj = _loads_lenient(body)
+            except (ValueError, TypeError):
+                obj = None
+            if isinstance(obj, dict):
+                start = obj.get("start_time", obj.get("start"))
+                end = obj.get("end_time", obj.get("end"))
+            elif isinstance(obj, list) and len(obj) == 2:
+                start, end = obj
+            else:
+                pm = _PAIR_RE.search(body)
+                if pm:
+                    start, end = pm.group(1), pm.group(2)
+            if start is None or end is None:
+                raise ValueError("no start/end")
+            args = _normalise_arguments({"start_time": start, "end_time": end})
+            result.calls.append(ToolCall(name="crop_video", arguments=args, source="video_zoom", raw=body))
+        except (ValueError, TypeError) as exc:
+            result.errors.append(f"invalid <video_zoom> ({exc}): {_short(body)}")
+
+
+def parse_tool_calls(text: str | None) -> ParseResult:
+    """Parse every tool call of one assistant turn. Never raises on model text."""
+    result = ParseResult()
+    if not text:
+        return result
+    if not isinstance(text, str):
+        result.errors.append(f"expected text, got {type(text).__name__}")
+        return result
+    try:
+        if "<tool_call>" in text:
+            _parse_json_blocks(text, result)
+        elif "<tool_code>" in text:
+            _parse_code_blocks(text, result)
+        elif "<video_zoom>" in text:
+            _parse_zoom_blocks(text, result)
+    except Exception as exc:  # noqa: BLE001 - the contract is: never raise on model text
+        result.errors.append(f"parser error: {exc.__class__.__name__}: {exc}")
+    return result
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+# ---------------------------------------------------------------------------------------
+# Tool schema
+# ---------------------------------------------------------------------------------------
+
+CROP_VIDEO_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "crop_video",
+        "description": (
+            "Look closely at a time window of the video. Returns a description of what "
+            "happens between start_time and end_time (in seconds)."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "video_path": {"type": "string", "description": "Path of the video to crop."},
+                "start_time": {"type": "number", "description": "Window start, in seconds."},
+                "end_time": {"type": "number", "description": "Window end, in seconds."},
+            },
+            "required": ["video_path", "start_time", "end_time"],
+        },
+    },
+}
+
+
+def render_tools_block(schemas: list[dict[str, Any]] | None = None) -> str:
+    """The ``<tools>…</tools>`` block listing the tool schemas, one JSON object per line."""
+    schemas = schemas if schemas is not None else [CROP_VIDEO_SCHEMA]
+    lines = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
+    return f"<tools>\n{lines}\n</tools>"
+
+
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """Canonical text of one call, as the policy is taught to write it."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"

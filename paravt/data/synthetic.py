@@ -1,0 +1,465 @@
+"""The synthetic long-video world of the embedded default.
+
+``python -m paravt.data.synthetic --out DIR [--seed S]`` writes, deterministically:
+
+* real mp4 videos (H.264, 64×64, 2 fps, 40–120 s) under ``DIR/media/`` in two of the released
+  buckets (``selfqa/`` and ``longvt_source/synthetic/``): dark scenes whose background
+  changes at scene cuts, a small grey square drifting all the time (a distractor), and 1–3
+  short **events**: a coloured shape (circle / square / triangle, one of eight colours)
+  visible for 2–4 s at a random time;
+* parquets in the released schemas with **sentinel-relative** paths under ``DIR/parquet/``:
+  ``paravt_sft_synth.parquet`` (expert main-agent trajectories and sub-agent examples),
+  ``paravt_rl_synth.parquet`` (RL prompts) and ``paravt_eval_synth.parquet`` (held-out videos);
+* ``DIR/world.json`` (every video's script) and ``DIR/world_stats.json`` (sizes, and how often
+  the asked event is visible in a K-frame overview: the Tool Necessity Gap).
+
+Questions (one of each per event): ``mcq`` "What colour is the triangle?" with options A–D,
+``oe`` the same question answered with a word, ``tvg`` "When does the red triangle appear?"
+answered with ``[start, end]``. An event of 2–4 s is always caught by 64 overview frames of a
+≤120 s video (spacing ≤ 1.9 s) and usually missed by 4 (spacing 10–30 s); a crop of the
+right window at 1 fps always shows it. So tools are needed at small K and not at large K.
+
+Expert trajectories follow REFERENCE §1: ``<think>`` → either an ``<answer>`` (event seen in
+the overview) or several parallel ``crop_video`` calls in ONE turn covering the video →
+``<tool_response>`` summaries → answer; temporal questions take a second, finer round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image, ImageDraw
+
+from paravt.core.prompts import THINK_PREFIX, clock, subagent_prompt, system_prompt
+from paravt.core.seeding import py_rng
+from paravt.core.toolcall import format_tool_call
+from paravt.core.video import crop_timestamps, overview_timestamps
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (230, 30, 30),
+    "green": (30, 200, 50),
+    "blue": (40, 80, 250),
+    "yellow": (245, 225, 30),
+    "white": (250, 250, 250),
+    "magenta": (225, 40, 225),
+    "cyan": (30, 225, 225),
+    "orange": (250, 140, 10),
+}
+SHAPES = ("circle", "square", "triangle")
+BACKGROUNDS = [(12, 12, 12), (14, 14, 60), (60, 14, 14), (14, 50, 14), (45, 30, 10), (40, 10, 50)]
+OVERVIEW_KS = (4, 8, 16, 32, 64)
+QUESTION_TYPES = ("mcq", "oe", "tvg")
+
+
+@dataclass
+class WorldConfig:
+    seed: int = 0
+    n_train_videos: int = 120
+    n_eval_videos: int = 40
+    min_duration: int = 40
+    max_duration: int = 120
+    fps: int = 2
+    size: int = 64
+    min_events: int = 1
+    max_events: int = 3
+    min_event_s: float = 2.0
+    max_event_s: float = 4.0
+    coarse_window_s: float = 30.0  # expert's first-round crop length (16 frames → ≤1.9 s apart)
+    fine_window_s: float = 12.0  # expert's temporal-refinement crop length (1 fps)
+    crop_max_frames: int = 16
+    system_mode: str = "agentic_general"
+
+    def __post_init__(self):
+        if not (0 < self.min_duration <= self.max_duration):
+            raise ValueError(f"min_duration/max_duration: {self.min_duration}/{self.max_duration}")
+        if not (1 <= self.min_events <= self.max_events <= len(SHAPES)):
+            raise ValueError(f"events per video must be within 1..{len(SHAPES)}")
+        if self.max_event_s * self.max_events * 3 > self.min_duration:
+            raise ValueError("videos too short for their events")
+
+
+@dataclass
+class Event:
+    shape: str
+    colour: str
+    start: float
+    end: float
+    x: int
+    y: int
+    size: int
+
+    def visible_at(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+
+@dataclass
+class VideoSpec:
+    id: str
+    rel_path: str  # sentinel-relative path, as in the released parquets
+    duration: int
+    fps: int
+    size: int
+    scenes: list[tuple[float, int]]  # (start time, background index)
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def num_frames(self) -> int:
+        return self.duration * self.fps
+
+    @property
+    def name(self) -> str:
+        return Path(self.rel_path).name
+
+
+# ---------------------------------------------------------------------------------------
+# Videos
+# ---------------------------------------------------------------------------------------
+
+def make_spec(cfg: WorldConfig, split: str, i: int) -> VideoSpec:
+    r = py_rng(cfg.seed, "video", split, i)
+    vid = f"{split}_{i:04d}"
+    rel = f"selfqa/{vid}.mp4" if i % 2 == 0 else f"longvt_source/synthetic/{vid}.mp4"
+    duration = r.randint(cfg.min_duration, cfg.max_duration)
+    scenes, t = [], 0.0
+    while t < duration:
+        scenes.append((t, r.randrange(len(BACKGROUNDS))))
+        t += r.randint(10, 30)
+    n_events = r.randint(cfg.min_events, cfg.max_events)
+    shapes = r.sample(SHAPES, n_events)
+    colours = r.sample(sorted(COLOURS), n_events)
+    # Non-overlapping slots: split the video into n_events equal parts, one event in each.
+    events = []
+    part = duration / n_events
+    for k in range(n_events):
+        length = r.choice(np.arange(cfg.min_event_s, cfg.max_event_s + 0.01, 0.5).tolist())
+        lo, hi = k * part + 1.0, (k + 1) * part - length - 1.0
+        start = round(r.uniform(lo, hi) * 2) / 2
+        sz = r.randint(22, 30)
+        events.append(Event(shapes[k], colours[k], start, start + length,
+                            r.randint(2, cfg.size - sz - 2), r.randint(2, cfg.size - sz - 2), sz))
+    return VideoSpec(vid, rel, duration, cfg.fps, cfg.size, scenes, events)
+
+
+def _background(spec: VideoSpec, t: float) -> tuple[int, int, int]:
+    idx = [b for s, b in spec.scenes if s <= t][-1]
+    return BACKGROUNDS[idx]
+
+
+def render_frame(spec: VideoSpec, t: float) -> np.ndarray:
+    img = Image.new("RGB", (spec.size, spec.size), _background(spec, t))
+    d = ImageDraw.Draw(img)
+    # Distractor: a small grey square drifting across the frame.
+    gx = int((t * 3) % (spec.size - 8))
+    gy = int(spec.size - 12 - 6 * math.sin(t / 5))
+    d.rectangle([gx, gy, gx + 6, gy + 6], fill=(110, 110, 110))
+    for ev in spec.events:
+        if ev.visible_at(t):
+            box = [ev.x, ev.y, ev.x + ev.size, ev.y + ev.size]
+            col = COLOURS[ev.colour]
+            if ev.shape == "circle":
+                d.ellipse(box, fill=col)
+            elif ev.shape == "square":
+                d.rectangle(box, fill=col)
+            else:
+                d.polygon([(ev.x + ev.size / 2, ev.y), (ev.x, ev.y + ev.size), (ev.x + ev.size, ev.y + ev.size)], fill=col)
+    return np.asarray(img)
+
+
+def write_video(spec: VideoSpec, path: Path) -> None:
+    import av  # noqa: PLC0415
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.mp4")
+    with av.open(str(tmp), mode="w") as container:
+        stream = container.add_stream("libx264", rate=spec.fps)
+        stream.width = stream.height = spec.size
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"crf": "12", "preset": "veryfast", "threads": "1", "bframes": "0"}
+        stream.codec_context.thread_count = 1
+        for i in range(spec.num_frames):
+            frame = av.VideoFrame.from_ndarray(render_frame(spec, i / spec.fps), format="rgb24")
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------
+# Questions and expert traces
+# ---------------------------------------------------------------------------------------
+
+def make_question(spec: VideoSpec, ev: Event, qtype: str, r) -> dict[str, Any]:
+    if qtype == "tvg":
+        text = f"When does the {ev.colour} {ev.shape} appear? Answer with [start, end] in seconds."
+        answer: Any = f"[{ev.start:.1f}, {ev.end:.1f}]"
+    elif qtype == "mcq":
+        others = r.sample([c for c in sorted(COLOURS) if c != ev.colour], 3)
+        options = others + [ev.colour]
+        r.shuffle(options)
+        letters = "ABCD"
+        text = f"What colour is the {ev.shape}?\n" + "\n".join(f"{l}. {o}" for l, o in zip(letters, options))
+        text += "\nAnswer with the option letter."
+        answer = letters[options.index(ev.colour)]
+    else:
+        text = f"What colour is the {ev.shape}? Answer with one word."
+        answer = ev.colour
+    return {"question": text, "answer": answer, "question_type": qtype, "shape": ev.shape, "colour": ev.colour,
+            "span": [ev.start, ev.end]}
+
+
+def describe_window(spec: VideoSpec, timestamps: list[float]) -> str:
+    """The expert sub-agent summary of the frames at ``timestamps``."""
+    if not timestamps:
+        return "No frames."
+    lines = []
+    for ev in sorted(spec.events, key=lambda e: e.start):
+        seen = [t for t in timestamps if ev.visible_at(t)]
+        if seen:
+            if len(seen) == 1:
+                lines.append(f"A {ev.colour} {ev.shape} is visible at {seen[0]:.1f} seconds.")
+            else:
+                lines.append(f"A {ev.colour} {ev.shape} is visible from {seen[0]:.1f} to {seen[-1]:.1f} seconds.")
+    if not lines:
+        return f"From {timestamps[0]:.1f} to {timestamps[-1]:.1f} seconds no coloured shape is visible."
+    return " ".join(lines)
+
+
+def _answer_text(q: dict[str, Any], span: tuple[float, float] | None = None) -> str:
+    if q["question_type"] == "tvg":
+        s, e = span
+        return f"[{s:.1f}, {e:.1f}]"
+    return q["answer"]
+
+
+def _windows(duration: float, length: float) -> list[tuple[float, float]]:
+    n = max(1, math.ceil(duration / length))
+    step = duration / n
+    return [(round(i * step, 1), round(min(duration, (i + 1) * step), 1)) for i in range(n)]
+
+
+def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig) -> dict[str, Any]:
+    """Assistant turns and tool responses of the expert for question ``q`` at overview budget k.
+
+    Returns {"turns": [assistant text, [tool texts], assistant text, ...], "crops": [(s, e), ...]}."""
+    ev = next(e for e in spec.events if e.shape == q["shape"])
+    ov = overview_timestamps(spec.num_frames, spec.fps, k)
+    seen = [t for t in ov if ev.visible_at(t)]
+    spacing = spec.duration / max(1, len(ov))
+    turns: list[Any] = []
+    crops: list[tuple[float, float]] = []
+    desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
+
+    def crop_call(s: float, e: float) -> str:
+        crops.append((s, e))
+        return format_tool_call("crop_video", {"video_path": spec.name, "start_time": s, "end_time": e})
+
+    def crop_response(s: float, e: float) -> tuple[str, list[float]]:
+        ts = crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, cfg.crop_max_frames)
+        return describe_window(spec, ts), [t for t in ts if ev.visible_at(t)]
+
+    def fine_round(centre_lo: float, centre_hi: float, why: str) -> None:
+        half = cfg.fine_window_s / 2
+        mid = (centre_lo + centre_hi) / 2
+        s = round(max(0.0, mid - half), 1)
+        e = round(min(float(spec.duration), s + cfg.fine_window_s), 1)
+        turns.append(f"{THINK_PREFIX}{why} I will look closely at {s:.1f} to {e:.1f} seconds.\n</think>\n" + crop_call(s, e))
+        text, hits = crop_response(s, e)
+        turns.append([text])
+        a, b = (hits[0], hits[-1]) if hits else (s, e)
+        span = (max(0.0, a - 0.5), min(float(spec.duration), b + 0.5))
+        turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible from {a:.1f} to {b:.1f} seconds.\n</think>\n"
+                     f"<answer>{_answer_text(q, span)}</answer>")
+
+    if seen:
+        where = f"at {seen[0]:.1f} seconds" if len(seen) == 1 else f"from {seen[0]:.1f} to {seen[-1]:.1f} seconds"
+        if q["question_type"] != "tvg":
+            turns.append(f"{THINK_PREFIX}In the overview {desc} is visible {where}. It is {ev.colour}.\n</think>\n"
+                         f"<answer>{_answer_text(q)}</answer>")
+        elif spacing <= 2.0:
+            span = (max(0.0, seen[0] - spacing / 2), min(float(spec.duration), seen[-1] + spacing / 2))
+            turns.append(f"{THINK_PREFIX}In the overview {desc} is visible {where}.\n</think>\n"
+                         f"<answer>{_answer_text(q, span)}</answer>")
+        else:
+            fine_round(seen[0], seen[-1], f"In the overview {desc} is visible {where}, but the frames are sparse.")
+        return {"turns": turns, "crops": crops}
+
+    windows = _windows(spec.duration, cfg.coarse_window_s)
+    calls = "\n".join(crop_call(s, e) for s, e in windows)
+    turns.append(f"{THINK_PREFIX}{desc.capitalize()} is not visible in the overview frames. "
+                 f"I will check {len(windows)} windows of the video in parallel.\n</think>\n{calls}")
+    responses, hits = [], []
+    for s, e in windows:
+        text, h = crop_response(s, e)
+        responses.append(text)
+        hits += h
+    turns.append(responses)
+    if not hits:  # cannot happen with the default knobs; keep the trace well-formed anyway
+        turns.append(f"{THINK_PREFIX}{desc.capitalize()} was not found.\n</think>\n<answer>unknown</answer>")
+    elif q["question_type"] != "tvg":
+        turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible from {hits[0]:.1f} to {hits[-1]:.1f} seconds. "
+                     f"It is {ev.colour}.\n</think>\n<answer>{_answer_text(q)}</answer>")
+    else:
+        fine_round(hits[0], hits[-1], f"{desc.capitalize()} is visible near {hits[0]:.1f} seconds.")
+    return {"turns": turns, "crops": crops}
+
+
+# ---------------------------------------------------------------------------------------
+# Rows in the released schemas
+# ---------------------------------------------------------------------------------------
+
+def _video_header(spec: VideoSpec) -> str:
+    return f"Video: {spec.name}\nDuration: {float(spec.duration):.1f} seconds\n"
+
+
+def rl_record(spec: VideoSpec, q: dict[str, Any], qid: str) -> dict[str, Any]:
+    extra = {"id": qid, "answer": q["answer"], "question_type": q["question_type"], "duration": float(spec.duration),
+             "video_name": spec.name, "span": q["span"], "shape": q["shape"], "colour": q["colour"]}
+    return {
+        "prompt": [{"role": "user", "content": f"<video>\n{q['question']}"}],
+        "videos": [{"video": spec.rel_path}],
+        "extra_info": json.dumps(extra, sort_keys=True),
+    }
+
+
+def sft_main_messages(spec: VideoSpec, q: dict[str, Any], k: int, traj: dict[str, Any], system: str) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": [{"type": "text", "text": system}]},
+        {"role": "user", "content": [
+            {"type": "text", "text": _video_header(spec)},
+            {"type": "video_url", "video_url": {"url": spec.rel_path}, "nframes": k},
+            {"type": "text", "text": "\n" + q["question"]},
+        ]},
+    ]
+    for turn in traj["turns"]:
+        if isinstance(turn, list):
+            msgs.extend({"role": "tool", "content": [{"type": "text", "text": t}]} for t in turn)
+        else:
+            msgs.append({"role": "assistant", "content": [{"type": "text", "text": turn}]})
+    return msgs
+
+
+def sft_subagent_messages(spec: VideoSpec, s: float, e: float, cfg: WorldConfig) -> list[dict[str, Any]]:
+    ts = crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, cfg.crop_max_frames)
+    return [
+        {"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": spec.rel_path}, "video_start": s, "video_end": e,
+             "fps": 1.0, "max_frames": cfg.crop_max_frames},
+            {"type": "text", "text": "\n" + subagent_prompt(s, e)},
+        ]},
+        {"role": "assistant", "content": [{"type": "text", "text": describe_window(spec, ts)}]},
+    ]
+
+
+def _write_parquet(records: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".parquet.tmp")
+    pq.write_table(pa.Table.from_pylist(records), tmp)
+    os.replace(tmp, path)
+
+
+def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool = True) -> dict[str, Any]:
+    cfg = cfg or WorldConfig()
+    out = Path(out)
+    media, parquet_dir = out / "media", out / "parquet"
+    t0 = time.time()
+    system = system_prompt(cfg.system_mode)
+    specs = {"train": [make_spec(cfg, "train", i) for i in range(cfg.n_train_videos)],
+             "eval": [make_spec(cfg, "eval", i) for i in range(cfg.n_eval_videos)]}
+    all_specs = specs["train"] + specs["eval"]
+    try:
+        from tqdm import tqdm  # noqa: PLC0415
+
+        it = tqdm(all_specs, desc="synthetic videos", disable=not progress)
+    except ImportError:  # pragma: no cover
+        it = all_specs
+    for spec in it:
+        path = media / spec.rel_path
+        if not path.exists():
+            write_video(spec, path)
+
+    sft, rl, ev_rows = [], [], []
+    n_sub = 0
+    for split, rows in (("train", rl), ("eval", ev_rows)):
+        for spec in specs[split]:
+            r = py_rng(cfg.seed, "questions", spec.id)
+            for ei, ev in enumerate(spec.events):
+                for qtype in QUESTION_TYPES:
+                    q = make_question(spec, ev, qtype, r)
+                    qid = f"{spec.id}_e{ei}_{qtype}"
+                    rows.append(rl_record(spec, q, qid))
+                    if split != "train":
+                        continue
+                    k = r.choice(OVERVIEW_KS)
+                    traj = expert_trajectory(spec, q, k, cfg)
+                    sft.append({"id": qid, "kind": "main", "nframes": k,
+                                "messages": json.dumps(sft_main_messages(spec, q, k, traj, system)),
+                                "videos": [{"video": spec.rel_path}]})
+                    for s, e in traj["crops"]:
+                        sft.append({"id": f"{qid}_sub{n_sub}", "kind": "subagent", "nframes": 0,
+                                    "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)),
+                                    "videos": [{"video": spec.rel_path}]})
+                        n_sub += 1
+    _write_parquet(sft, parquet_dir / "paravt_sft_synth.parquet")
+    _write_parquet(rl, parquet_dir / "paravt_rl_synth.parquet")
+    _write_parquet(ev_rows, parquet_dir / "paravt_eval_synth.parquet")
+
+    world = {"config": asdict(cfg), "videos": {s.id: asdict(s) for s in all_specs}}
+    (out / "world.json").write_text(json.dumps(world, indent=1, sort_keys=True))
+    stats = world_stats(specs, cfg)
+    stats.update({"sft_rows": len(sft), "sft_main_rows": len(sft) - n_sub, "sft_subagent_rows": n_sub,
+                  "rl_rows": len(rl), "eval_rows": len(ev_rows), "build_seconds": round(time.time() - t0, 2),
+                  "media_bytes": sum(p.stat().st_size for p in media.rglob("*.mp4"))})
+    (out / "world_stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True))
+    return stats
+
+
+def world_stats(specs: dict[str, list[VideoSpec]], cfg: WorldConfig) -> dict[str, Any]:
+    """How often the asked event is visible in a K-frame overview (the Tool Necessity Gap)."""
+    visible: dict[str, float] = {}
+    for k in OVERVIEW_KS:
+        hits = n = 0
+        for spec in specs["eval"]:
+            ov = overview_timestamps(spec.num_frames, spec.fps, k)
+            for ev in spec.events:
+                n += 1
+                hits += any(ev.visible_at(t) for t in ov)
+        visible[str(k)] = round(hits / max(n, 1), 4)
+    durations = [s.duration for s in specs["train"] + specs["eval"]]
+    return {"eval_event_visible_in_overview": visible, "videos": len(durations),
+            "mean_duration_s": round(float(np.mean(durations)), 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m paravt.data.synthetic", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="output folder (media/, parquet/, world.json)")
+    p.add_argument("--seed", type=int, default=WorldConfig.seed)
+    p.add_argument("--n-train-videos", type=int, default=WorldConfig.n_train_videos)
+    p.add_argument("--n-eval-videos", type=int, default=WorldConfig.n_eval_videos)
+    p.add_argument("--min-duration", type=int, default=WorldConfig.min_duration)
+    p.add_argument("--max-duration", type=int, default=WorldConfig.max_duration)
+    p.add_argument("--overwrite", action="store_true", help="delete --out first")
+    a = p.parse_args(argv)
+    if a.overwrite and Path(a.out).exists():
+        shutil.rmtree(a.out)
+    cfg = WorldConfig(seed=a.seed, n_train_videos=a.n_train_videos, n_eval_videos=a.n_eval_videos,
+                      min_duration=a.min_duration, max_duration=a.max_duration)
+    stats = build_world(a.out, cfg)
+    print(json.dumps(stats, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Loading helpers shared by the tiny model and Qwen3-VL-8B: one path for both."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import paravt.models.processor  # noqa: F401  (registers the image-only processor)
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r} (expected one of {sorted(DTYPES)})")
+    return DTYPES[name]
+
+
+def default_attn_implementation() -> str:
+    """flash_attention_2 on CUDA when flash-attn is installed, else sdpa."""
+    if torch.cuda.is_available():
+        try:
+            import flash_attn  # noqa: F401, PLC0415
+
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
+
+
+def load_model(path: str | Path, dtype: str | torch.dtype = "float32", attn_implementation: str | None = None,
+               device: str | torch.device | None = None, **kwargs: Any):
+    """A ``Qwen3VLForConditionalGeneration`` (or any image-text-to-text model) from a directory or hub id."""
+    from transformers import AutoModelForImageTextToText  # noqa: PLC0415
+
+    attn = attn_implementation or default_attn_implementation()
+    if Path(str(path)).exists() and not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a saved model directory")
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=resolve_dtype(dtype),
+                                                        attn_implementation=attn, **kwargs)
+    if device is not None:
+        model.to(device)
+    return model
+
+
+def load_processor(path: str | Path, min_pixels: int | None = None, max_pixels: int | None = None):
+    """The processor saved with a model (image-only for ParaVT checkpoints, stock for Qwen's)."""
+    from transformers import AutoProcessor  # noqa: PLC0415
+
+    proc = AutoProcessor.from_pretrained(str(path))
+    if not hasattr(proc, "image_processor"):
+        raise TypeError(f"{path}: AutoProcessor returned {type(proc).__name__}, not a multimodal processor")
+    ip = proc.image_processor
+    if min_pixels is not None or max_pixels is not None:
+        size = dict(getattr(ip, "size", {}) or {})
+        if min_pixels is not None:
+            size["shortest_edge"] = min_pixels
+            ip.min_pixels = min_pixels
+        if max_pixels is not None:
+            size["longest_edge"] = max_pixels
+            ip.max_pixels = max_pixels
+        ip.size = size
+    return proc
+
+
+def vision_factor(processor) -> int:
+    """patch_size × merge_size of the processor's image processor (32 for Qwen3-VL)."""
+    ip = processor.image_processor
+    return int(ip.patch_size) * int(ip.merge_size)

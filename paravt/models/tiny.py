@@ -1,0 +1,252 @@
+"""The embedded default model: a tiny Qwen3-VL built offline and deterministically.
+
+``python -m paravt.models.tiny --out DIR [--seed S]`` writes a directory that loads with the
+same functions as Qwen3-VL-8B (:mod:`paravt.models.loading`):
+
+* a byte-level BPE tokenizer trained with ``tokenizers`` on text of the synthetic world
+  (prompts, questions, expert traces, timestamps), with Qwen's special tokens and the tags
+  ``<think> </think> <tool_call> </tool_call> <tool_response> </tool_response> <answer>
+  </answer>`` as non-special added tokens (one id each; they survive ``skip_special_tokens``);
+* a Qwen-style chat template (tool messages grouped in a user turn as ``<tool_response>``);
+* the image-only Qwen3-VL processor (:mod:`paravt.models.processor`);
+* a random-init ``Qwen3VLForConditionalGeneration`` (≈1.7 M parameters by default).
+
+Nothing is downloaded. The config fields transformers accepts silently are validated here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>", "<|video_pad|>"]
+TAG_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+              "<answer>", "</answer>"]
+
+# Qwen-style template (transformers renders with trim_blocks: a newline right after a block
+# tag must be written as an expression). Content is a string or a list of {"type": "text"|"image"|"image_url", ...}.
+CHAT_TEMPLATE = (
+    "{% macro render(content) %}"
+    "{% if content is string %}{{ content }}"
+    "{% else %}{% for item in content %}"
+    "{% if item.type == 'image' or item.type == 'image_url' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item.type == 'text' %}{{ item.text }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% endmacro %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n<tool_response>\\n' }}{{ render(message.content) }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}"
+    "<|im_start|>{{ message.role }}\n{{ render(message.content) }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass
+class TinyShape:
+    vocab_size: int = 2048  # BPE target; the model's vocab is the tokenizer size rounded up to 64
+    vocab_size_exact: bool = False  # True: the model's vocab is vocab_size exactly
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 384
+    max_position_embeddings: int = 16384
+    rope_theta: float = 10000.0
+    mrope_section: list[int] = field(default_factory=lambda: [6, 5, 5])
+    vision_depth: int = 2
+    vision_hidden_size: int = 64
+    vision_intermediate_size: int = 128
+    vision_num_heads: int = 2
+    patch_size: int = 16
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    num_position_embeddings: int = 64
+    deepstack_visual_indexes: list[int] = field(default_factory=lambda: [0])
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self):
+        validate_shape(self)
+
+
+def validate_shape(s: TinyShape, tokenizer_size: int | None = None) -> None:
+    """Checks for fields that transformers accepts silently and that break the model later."""
+    errs = []
+    if sum(s.mrope_section) != s.head_dim // 2:
+        errs.append(f"mrope_section {s.mrope_section} must sum to head_dim/2 = {s.head_dim // 2}")
+    if math.isqrt(s.num_position_embeddings) ** 2 != s.num_position_embeddings:
+        errs.append(f"num_position_embeddings {s.num_position_embeddings} must be a perfect square")
+    if any(i < 0 or i >= s.vision_depth for i in s.deepstack_visual_indexes):
+        errs.append(f"deepstack_visual_indexes {s.deepstack_visual_indexes} must be < vision_depth {s.vision_depth}")
+    if s.num_attention_heads % s.num_key_value_heads:
+        errs.append("num_attention_heads must be a multiple of num_key_value_heads")
+    if s.vision_hidden_size % s.vision_num_heads:
+        errs.append("vision_hidden_size must be a multiple of vision_num_heads")
+    if (s.vision_hidden_size // s.vision_num_heads) % 2:
+        errs.append("vision head dim must be even (2-D rotary)")
+    if tokenizer_size is not None and s.vocab_size < tokenizer_size:
+        errs.append(f"vocab_size {s.vocab_size} < tokenizer size {tokenizer_size}")
+    if errs:
+        raise ValueError("invalid tiny Qwen3-VL shape: " + "; ".join(errs))
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------
+
+def tokenizer_corpus(seed: int) -> list[str]:
+    """Deterministic training text: every prompt mode, questions and expert traces of the
+    synthetic world, timestamps, clocks and numbers."""
+    from paravt.core.prompts import available_modes, clock, format_timestamp, subagent_prompt, system_prompt  # noqa: PLC0415
+    from paravt.data.synthetic import (QUESTION_TYPES, WorldConfig, expert_trajectory, make_question,  # noqa: PLC0415
+                                       make_spec)
+    from paravt.core.seeding import py_rng  # noqa: PLC0415
+
+    texts = [system_prompt(m) for m in available_modes()]
+    for t in range(0, 1300, 5):
+        texts.append(format_timestamp(t / 10) + " " + clock(t / 10) + f" [{t / 10:.1f}, {t / 10 + 3:.1f}]")
+    cfg = WorldConfig(seed=seed)
+    for i in range(60):
+        spec = make_spec(cfg, "tokenizer", i)
+        r = py_rng(seed, "tok", i)
+        texts.append(f"Video: {spec.name}\nDuration: {float(spec.duration):.1f} seconds\n")
+        for ev in spec.events:
+            for qt in QUESTION_TYPES:
+                q = make_question(spec, ev, qt, r)
+                texts.append(q["question"])
+                traj = expert_trajectory(spec, q, r.choice([4, 8, 16, 32, 64]), cfg)
+                for turn in traj["turns"]:
+                    texts.extend(turn if isinstance(turn, list) else [turn])
+                for s, e in traj["crops"]:
+                    texts.append(subagent_prompt(s, e))
+    return texts
+
+
+def build_tokenizer(seed: int = 0, vocab_size: int = 2048):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TAG_TOKENS), special_tokens=SPECIAL_TOKENS, min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(tokenizer_corpus(seed), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left",
+        additional_special_tokens=SPECIAL_TOKENS[3:], model_max_length=32768,
+    )
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+# ---------------------------------------------------------------------------------------
+# Processor and model
+# ---------------------------------------------------------------------------------------
+
+def build_processor(tokenizer, shape: TinyShape, min_pixels: int = 784, max_pixels: int = 50176):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: PLC0415
+
+    from paravt.models.processor import ParaVTQwen3VLProcessor  # noqa: PLC0415
+
+    ip = Qwen2VLImageProcessorPil(
+        min_pixels=min_pixels, max_pixels=max_pixels, patch_size=shape.patch_size,
+        temporal_patch_size=shape.temporal_patch_size, merge_size=shape.spatial_merge_size,
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+    )
+    return ParaVTQwen3VLProcessor(image_processor=ip, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
+
+
+def build_config(shape: TinyShape, tokenizer):
+    from transformers import Qwen3VLConfig  # noqa: PLC0415
+
+    validate_shape(shape, len(tokenizer))
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    vocab = max(shape.vocab_size if shape.vocab_size_exact else 0, -(-len(tokenizer) // 64) * 64)
+    text = dict(
+        vocab_size=vocab, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads, head_dim=shape.head_dim,
+        max_position_embeddings=shape.max_position_embeddings, pad_token_id=ids["<|endoftext|>"],
+        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta,
+                         "mrope_section": list(shape.mrope_section), "mrope_interleaved": True},
+        tie_word_embeddings=shape.tie_word_embeddings,
+    )
+    vision = dict(
+        depth=shape.vision_depth, hidden_size=shape.vision_hidden_size,
+        intermediate_size=shape.vision_intermediate_size, num_heads=shape.vision_num_heads,
+        patch_size=shape.patch_size, spatial_merge_size=shape.spatial_merge_size,
+        temporal_patch_size=shape.temporal_patch_size, out_hidden_size=shape.hidden_size,
+        num_position_embeddings=shape.num_position_embeddings,
+        deepstack_visual_indexes=list(shape.deepstack_visual_indexes),
+    )
+    cfg = Qwen3VLConfig(
+        text_config=text, vision_config=vision,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=shape.tie_word_embeddings,
+    )
+    cfg.eos_token_id = ids["<|im_end|>"]
+    cfg.pad_token_id = ids["<|endoftext|>"]
+    return cfg
+
+
+def build_tiny(out: str | Path, seed: int = 0, shape: TinyShape | None = None) -> dict:
+    """Build tokenizer, processor and model and save them to ``out``; returns build stats."""
+    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration  # noqa: PLC0415
+
+    shape = shape or TinyShape()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    tokenizer = build_tokenizer(seed, shape.vocab_size)
+    t_tok = time.time() - t0
+    processor = build_processor(tokenizer, shape)
+    config = build_config(shape, tokenizer)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=False, max_new_tokens=256)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    stats = {"parameters": sum(p.numel() for p in model.parameters()), "tokenizer_size": len(tokenizer),
+             "tokenizer_seconds": round(t_tok, 2), "build_seconds": round(time.time() - t0, 2),
+             "seed": seed, "shape": asdict(shape)}
+    (out / "paravt_tiny.json").write_text(json.dumps(stats, indent=2, sort_keys=True))
+    return stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m paravt.models.tiny", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="output directory (loadable with from_pretrained)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden-size", type=int, default=TinyShape.hidden_size)
+    p.add_argument("--layers", type=int, default=TinyShape.num_hidden_layers)
+    a = p.parse_args(argv)
+    shape = TinyShape(hidden_size=a.hidden_size, num_hidden_layers=a.layers)
+    stats = build_tiny(a.out, a.seed, shape)
+    print(json.dumps({k: v for k, v in stats.items() if k != "shape"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+# Sourced by the launch scripts: activate a stage venv if present, load .secrets.env if present.
+# usage: source scripts/_common.sh <stage>
+PARAVT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_stage="${1:-cpu}"
+if [[ -z "${VIRTUAL_ENV:-}" ]]; then
+  if [[ -f "$PARAVT_ROOT/.venv-$_stage/bin/activate" ]]; then
+    # shellcheck disable=SC1090
+    source "$PARAVT_ROOT/.venv-$_stage/bin/activate"
+  elif [[ -f "$PARAVT_ROOT/.venv-cpu/bin/activate" ]]; then
+    # shellcheck disable=SC1090
+    source "$PARAVT_ROOT/.venv-cpu/bin/activate"
+  fi
+fi
+if [[ -f "$PARAVT_ROOT/.secrets.env" ]]; then
+  set -a
+  # shellcheck disable=SC1091
+  source "$PARAVT_ROOT/.secrets.env"
+  set +a
+fi
+export WANDB_MODE="${WANDB_MODE:-offline}"
+export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
+export DS_ACCELERATOR="${DS_ACCELERATOR:-$(python -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo cpu)}"

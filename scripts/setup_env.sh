@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Build the virtual environment(s) of one stage: bash scripts/setup_env.sh {cpu|sft|rl|eval|all}
+# Re-running is cheap: a venv whose requirements did not change is left alone.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+
+pipq() {  # pip, quiet; on failure print its log and stop
+  local venv="$1"; shift
+  local log; log="$(mktemp)"
+  if ! "$venv/bin/pip" install -q "$@" >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" >&2; rm -f "$log"
+    echo "[setup_env] pip install $* failed" >&2; exit 1
+  fi
+  rm -f "$log"
+}
+
+build() {  # build <venv-name> <requirements file> [post-install command...]
+  local name="$1" req="$2"; shift 2
+  local venv="$ROOT/.venv-$name" stamp
+  stamp="$(cat "$req" pyproject.toml | sha256sum | cut -c1-16)"
+  if [[ -f "$venv/.paravt-stamp" && "$(cat "$venv/.paravt-stamp")" == "$stamp" ]]; then
+    echo "[setup_env] .venv-$name is up to date"; return 0
+  fi
+  echo "[setup_env] building .venv-$name from $req"
+  "$PYTHON" -m venv "$venv"
+  pipq "$venv" -r "$req"
+  if [[ "$name" != sglang ]]; then
+    pipq "$venv" --no-deps -e "$ROOT"
+  fi
+  if [[ $# -gt 0 ]]; then "$@" "$venv"; fi
+  # Verify the environment imports before stamping it.
+  if [[ "$name" != sglang ]]; then
+    "$venv/bin/python" -c "import paravt, torch, transformers; print('[setup_env]', '.venv-$name', 'torch', torch.__version__, 'transformers', transformers.__version__)"
+  fi
+  echo "$stamp" > "$venv/.paravt-stamp"
+}
+
+flash_attn() { pipq "$1" --no-build-isolation "flash-attn==2.8.3.post2"; }
+
+case "${1:-cpu}" in
+  cpu) build cpu requirements/cpu.txt ;;
+  sft) build sft requirements/sft.txt flash_attn ;;
+  rl) build rl requirements/rl.txt flash_attn; build sglang requirements/sglang.txt ;;
+  eval) build eval requirements/eval.txt ;;
+  all) "$0" cpu; "$0" sft; "$0" rl; "$0" eval ;;
+  *) echo "usage: $0 {cpu|sft|rl|eval|all}" >&2; exit 2 ;;
+esac

@@ -1,0 +1,148 @@
+import json
+
+import pytest
+
+from paravt.core.toolcall import (CROP_VIDEO_SCHEMA, format_tool_call, parse_time, parse_tool_calls,
+                                  render_tools_block)
+
+TWO_CALLS = """<think>
+The red square is not visible in the overview. I will check two windows.
+</think>
+<tool_call>
+{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 0.0, "end_time": 30.5}}
+</tool_call>
+<tool_call>
+{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 30.5, "end_time": 61}}
+</tool_call>"""
+
+
+def test_several_json_blocks_in_one_turn():
+    r = parse_tool_calls(TWO_CALLS)
+    assert r.errors == []
+    assert [c.name for c in r.calls] == ["crop_video", "crop_video"]
+    assert r.calls[0].arguments == {"video_path": "v.mp4", "start_time": 0.0, "end_time": 30.5}
+    assert r.calls[1].arguments["end_time"] == 61.0 and isinstance(r.calls[1].arguments["end_time"], float)
+
+
+def test_unclosed_last_block_counts():
+    text = TWO_CALLS.rsplit("</tool_call>", 1)[0]  # generation cut before the closing tag
+    r = parse_tool_calls(text)
+    assert len(r.calls) == 2 and r.errors == []
+
+
+def test_block_followed_by_new_block_without_close():
+    text = '<tool_call>{"name": "crop_video", "arguments": {"start_time": 1, "end_time": 2}}<tool_call>{"name": "crop_video", "arguments": {"start_time": 3, "end_time": 4}}</tool_call>'
+    r = parse_tool_calls(text)
+    assert [c.arguments["start_time"] for c in r.calls] == [1.0, 3.0]
+
+
+def test_malformed_block_is_an_error_and_others_survive():
+    text = '<tool_call>\n{"name": "crop_video", "arguments": {"start_time": 1,\n</tool_call>\n' \
+           '<tool_call>\n{"name": "crop_video", "arguments": {"start_time": 5, "end_time": 9}}\n</tool_call>'
+    r = parse_tool_calls(text)
+    assert len(r.calls) == 1 and r.calls[0].arguments["start_time"] == 5.0
+    assert len(r.errors) == 1 and "invalid <tool_call> JSON" in r.errors[0]
+
+
+@pytest.mark.parametrize("body,err", [
+    ("", "empty"),
+    ('{"arguments": {}}', "missing 'name'"),
+    ('{"name": "crop_video", "arguments": [1, 2]}', "must be an object"),
+    ("not json at all", "no JSON"),
+    ('"just a string"', "expected a JSON object"),
+])
+def test_bad_blocks(body, err):
+    r = parse_tool_calls(f"<tool_call>{body}</tool_call>")
+    assert r.calls == [] and len(r.errors) == 1 and err in r.errors[0]
+
+
+def test_arguments_as_json_string_and_parameters_alias_and_list():
+    r = parse_tool_calls('<tool_call>{"name": "crop_video", "arguments": "{\\"start_time\\": \\"01:05\\", \\"end_time\\": 70}"}</tool_call>'
+                         '<tool_call>{"name": "crop_video", "parameters": {"start": "1:02:03", "end": "3733"}}</tool_call>'
+                         '<tool_call>[{"name": "a", "arguments": {}}, {"name": "b"}]</tool_call>')
+    assert r.errors == []
+    assert r.calls[0].arguments == {"start_time": 65.0, "end_time": 70.0}
+    assert r.calls[1].arguments == {"start": 3723.0, "end": 3733.0}
+    assert [c.name for c in r.calls[2:]] == ["a", "b"]
+
+
+def test_trailing_junk_and_code_fence():
+    r = parse_tool_calls('<tool_call>```json\n{"name": "crop_video", "arguments": {"start_time": 2, "end_time": 4}}\n```</tool_call>')
+    assert len(r.calls) == 1
+    r = parse_tool_calls('<tool_call>{"name": "crop_video", "arguments": {"start_time": 2, "end_time": 4}}}}</tool_call>')
+    assert len(r.calls) == 1
+
+
+def test_tool_code_python_syntax():
+    text = """<tool_code>
+print(crop_video(video_path="v.mp4", start_time="00:10", end_time=20))
+</tool_code>
+<tool_code>crop_video("v.mp4", 30, 40.5)'</tool_code>
+<tool_code>tools.crop_video(video_path=video, start_time=1, end_time=2)"</tool_code>"""
+    r = parse_tool_calls(text)
+    assert r.errors == []
+    assert r.calls[0].arguments == {"video_path": "v.mp4", "start_time": 10.0, "end_time": 20.0}
+    assert r.calls[1].arguments == {"video_path": "v.mp4", "start_time": 30.0, "end_time": 40.5}
+    assert r.calls[2].name == "crop_video" and r.calls[2].arguments["video_path"] == "video"
+    assert all(c.source == "tool_code" for c in r.calls)
+
+
+@pytest.mark.parametrize("body", ["crop_video(1, 2, 3, 4)", "x = 1", "crop_video(**kw)", "crop_video(start_time=f(1))", "((("])
+def test_tool_code_errors(body):
+    r = parse_tool_calls(f"<tool_code>{body}</tool_code>")
+    assert r.calls == [] and len(r.errors) == 1
+
+
+def test_json_blocks_take_precedence_over_tool_code():
+    text = '<tool_code>crop_video("v", 1, 2)</tool_code><tool_call>{"name": "crop_video", "arguments": {}}</tool_call>'
+    r = parse_tool_calls(text)
+    assert len(r.calls) == 1 and r.calls[0].source == "tool_call"
+
+
+@pytest.mark.parametrize("body,expected", [
+    ('{"start": 10, "end": 20}', (10.0, 20.0)),
+    ("[12.5, 18]", (12.5, 18.0)),
+    ("00:30 - 01:00", (30.0, 60.0)),
+    ("from 5 to 9", (5.0, 9.0)),
+])
+def test_video_zoom(body, expected):
+    r = parse_tool_calls(f"<think>zoom</think><video_zoom>{body}</video_zoom>")
+    assert r.errors == [] and r.calls[0].name == "crop_video"
+    assert (r.calls[0].arguments["start_time"], r.calls[0].arguments["end_time"]) == expected
+
+
+def test_video_zoom_error():
+    r = parse_tool_calls("<video_zoom>somewhere</video_zoom>")
+    assert r.calls == [] and len(r.errors) == 1
+
+
+@pytest.mark.parametrize("text", [
+    None, "", "plain answer B", "<tool_call>" * 50, "</tool_call>", "<tool_call>{" * 1000, "<tool_code>" + "(" * 5000,
+    "<tool_call>" + '{"a":' * 3000 + "</tool_call>", "<tool_call>\x00\xff</tool_call>", "<tool_call>NaN</tool_call>",
+])
+def test_never_raises_on_adversarial_text(text):
+    r = parse_tool_calls(text)
+    assert isinstance(r.calls, list) and isinstance(r.errors, list)
+
+
+def test_no_call_means_no_errors():
+    r = parse_tool_calls("<think>\nIt is red.\n</think>\n<answer>B</answer>")
+    assert r.calls == [] and r.errors == [] and not r.has_call
+
+
+@pytest.mark.parametrize("value,expected", [
+    (3, 3.0), ("12.5", 12.5), ("12.5s", 12.5), ("7 seconds", 7.0), ("01:05", 65.0), ("1:02:03", 3723.0),
+    ("0:00:01.5", 1.5), ("soon", "soon"), (None, None), (True, True),
+])
+def test_parse_time(value, expected):
+    assert parse_time(value) == expected
+
+
+def test_schema_rendering_roundtrip():
+    block = render_tools_block()
+    assert block.startswith("<tools>\n") and block.endswith("\n</tools>")
+    schema = json.loads(block.splitlines()[1])
+    assert schema == CROP_VIDEO_SCHEMA
+    assert schema["function"]["parameters"]["required"] == ["video_path", "start_time", "end_time"]
+    call = format_tool_call("crop_video", {"video_path": "v.mp4", "start_time": 1.0, "end_time": 2.0})
+    assert parse_tool_calls(call).calls[0].arguments["end_time"] == 2.0

@@ -1,0 +1,108 @@
+import hashlib
+import json
+
+import pytest
+
+from paravt.core.toolcall import parse_tool_calls
+from paravt.core.scoring import rule_accuracy, extract_answer
+from paravt.data.schema import RowError, RLRow, load_rl_rows, load_sft_rows
+from paravt.data.synthetic import WorldConfig, build_world, make_spec
+
+
+def _digest(d):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((d / "parquet").glob("*.parquet"))}
+
+
+def test_same_seed_same_bytes(tmp_path):
+    cfg = WorldConfig(seed=5, n_train_videos=3, n_eval_videos=2)
+    build_world(tmp_path / "a", cfg, progress=False)
+    build_world(tmp_path / "b", cfg, progress=False)
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    vids = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.mp4"))
+    for v in vids:
+        assert (tmp_path / "a" / v).read_bytes() == (tmp_path / "b" / v).read_bytes()
+    build_world(tmp_path / "c", WorldConfig(seed=6, n_train_videos=3, n_eval_videos=2), progress=False)
+    assert _digest(tmp_path / "a") != _digest(tmp_path / "c")
+
+
+def test_sentinel_paths_and_materialized_rows(world):
+    raw, _ = load_rl_rows([world / "parquet" / "paravt_rl_synth.parquet"], check_media=False)
+    assert all(r.videos[0]["video"].split("/")[0] in ("selfqa", "longvt_source") for r in raw)
+    rows, rep = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
+    assert rep.kept == rep.total == len(rows) > 0
+    assert all(r.videos[0]["video"].startswith("file://") for r in rows)
+    assert {r.question_type for r in rows} == {"mcq", "oe", "tvg"}
+    report = json.loads((world / "local" / "materialize_report.json").read_text())
+    assert report["missing_total"] == 0 and set(report["rewritten_per_bucket"]) == {"selfqa", "longvt_source"}
+
+
+def test_missing_video_rows_are_skipped_with_a_count(world, tmp_path):
+    rows, _ = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
+    victim = rows[0].video
+    import shutil
+    moved = tmp_path / "moved.mp4"
+    shutil.move(victim, moved)
+    try:
+        rows2, rep = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
+        n_same_video = sum(r.video == victim for r in rows)
+        assert rep.skipped["missing video"] == n_same_video and len(rows2) == len(rows) - n_same_video
+    finally:
+        shutil.move(moved, victim)
+
+
+def test_expert_sft_rows_are_well_formed_and_correct(world):
+    rows, rep = load_sft_rows([world / "local" / "paravt_sft_synth.parquet"])
+    assert rep.kept == rep.total
+    n_multi = n_direct = n_two_round = 0
+    for r in rows:
+        assistant = [m for m in r.messages if m["role"] == "assistant"]
+        texts = [m["content"][0]["text"] for m in assistant]
+        if r.messages[0]["role"] == "user":  # sub-agent example
+            assert len(texts) == 1 and "seconds" in texts[0]
+            continue
+        calls = [parse_tool_calls(t) for t in texts]
+        assert all(not c.errors for c in calls)
+        assert not calls[-1].calls and "<answer>" in texts[-1]
+        n_multi += len(calls[0].calls) >= 2
+        n_direct += len(texts) == 1
+        n_two_round += len(texts) == 3
+        for t in texts:
+            assert t.startswith("<think>\n") and "</think>" in t
+    assert n_multi > 0 and n_direct > 0 and n_two_round > 0
+
+
+def test_expert_answers_score_well(world):
+    """The expert's final answer, scored by the shared scorer, is right (tvg: high IoU)."""
+    import pyarrow.parquet as pq
+    sft = pq.read_table(world / "local" / "paravt_sft_synth.parquet").to_pylist()
+    rl = {json.loads(r["extra_info"])["id"]: json.loads(r["extra_info"]) for r in
+          pq.read_table(world / "local" / "paravt_rl_synth.parquet").to_pylist()}
+    accs = []
+    for r in sft:
+        if r["kind"] != "main":
+            continue
+        final = json.loads(r["messages"])[-1]["content"][0]["text"]
+        ex = rl[r["id"]]
+        accs.append(rule_accuracy(extract_answer(final), ex["answer"], ex["question_type"]))
+    assert min(accs) > 0.5 and sum(accs) / len(accs) > 0.9
+
+
+def test_tool_necessity_gap():
+    """Small K misses most events, K = 64 catches all (the world's design goal)."""
+    from paravt.data.synthetic import world_stats
+    cfg = WorldConfig(seed=0, n_train_videos=0, n_eval_videos=60)
+    specs = {"train": [], "eval": [make_spec(cfg, "eval", i) for i in range(60)]}
+    vis = world_stats(specs, cfg)["eval_event_visible_in_overview"]
+    assert vis["64"] == 1.0 and vis["4"] < 0.35 and vis["4"] < vis["16"] < vis["64"]
+
+
+def test_row_errors_name_file_and_row():
+    with pytest.raises(RowError, match="f.parquet:row 3: extra_info has no 'answer'"):
+        RLRow.from_record({"prompt": "<video>q", "videos": [{"video": "v.mp4"}], "extra_info": "{}"}, "f.parquet:row 3")
+    with pytest.raises(RowError, match="not valid JSON"):
+        RLRow.from_record({"prompt": "q", "videos": [], "extra_info": "{bad"}, "f:row 0")
+    with pytest.raises(RowError, match="question_type"):
+        RLRow.from_record({"prompt": "q", "videos": ["v"], "extra_info": {"answer": 1, "question_type": "x"}}, "f:row 0")
+    r = RLRow.from_record({"prompt": [{"role": "user", "content": "<video>\nWhat?"}], "videos": ["v.mp4"],
+                           "extra_info": {"answer": "B", "question_type": "mcq", "id": "q7"}}, "f:row 0")
+    assert r.question == "What?" and r.sample_id == "q7" and r.video == "v.mp4"

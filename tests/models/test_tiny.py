@@ -1,0 +1,76 @@
+import json
+
+import pytest
+import torch
+
+from paravt.core.prompts import THINK_PREFIX, build_messages
+from paravt.core.video import sample_overview
+from paravt.data.schema import load_rl_rows
+from paravt.models.tiny import TAG_TOKENS, TinyShape, build_tiny, validate_shape
+
+
+def test_build_is_deterministic(tmp_path):
+    a = build_tiny(tmp_path / "a", seed=1)
+    b = build_tiny(tmp_path / "b", seed=1)
+    assert a["parameters"] == b["parameters"] and 1_000_000 <= a["parameters"] <= 5_000_000
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"mrope_section": [6, 5, 4]}, "mrope_section"),
+    ({"num_position_embeddings": 60}, "perfect square"),
+    ({"deepstack_visual_indexes": [2]}, "deepstack"),
+    ({"num_key_value_heads": 3}, "multiple"),
+])
+def test_shape_validation(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        TinyShape(**kw)
+    with pytest.raises(ValueError, match="vocab_size"):
+        validate_shape(TinyShape(vocab_size=100), tokenizer_size=700)
+
+
+def test_tokenizer_tags_and_specials(tiny):
+    _, proc = tiny
+    tok = proc.tokenizer
+    for t in TAG_TOKENS:
+        ids = tok.encode(t, add_special_tokens=False)
+        assert len(ids) == 1, t
+        assert tok.decode(ids, skip_special_tokens=True) == t  # tags survive skip_special_tokens
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.padding_side == "left"
+    assert tok.decode(tok.encode("<|im_end|>"), skip_special_tokens=True) == ""
+    assert tok.tokenize("12.5") == ["1", "2", ".", "5"]  # digits are single tokens
+
+
+def test_processor_class_and_chat_template(tiny, tiny_dir):
+    _, proc = tiny
+    assert type(proc).__name__ == "ParaVTQwen3VLProcessor"
+    cfg = json.loads((tiny_dir / "processor_config.json").read_text())
+    assert cfg["processor_class"] == "ParaVTQwen3VLProcessor"
+    msgs = [{"role": "system", "content": "S"},
+            {"role": "user", "content": [{"type": "text", "text": "<1.0 seconds>"}, {"type": "image"}, {"type": "text", "text": "Q"}]},
+            {"role": "assistant", "content": "<think>\nx\n</think>\n<tool_call>\n{}\n</tool_call>"},
+            {"role": "tool", "content": "r1"}, {"role": "tool", "content": [{"type": "text", "text": "r2"}]}]
+    text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n<1.0 seconds><|vision_start|><|image_pad|>"
+                    "<|vision_end|>Q<|im_end|>\n<|im_start|>assistant\n<think>\nx\n</think>\n<tool_call>\n{}\n"
+                    "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n"
+                    "<tool_response>\nr2\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match="image-only"):
+        proc(text=["x"], videos=[[1]])
+
+
+def test_forward_and_generate_with_frames(tiny, world):
+    model, proc = tiny
+    rows, _ = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
+    frames = sample_overview(rows[0].video, 4)
+    msgs = build_messages("agentic_general", rows[0].question, frames, "v.mp4", 60.0)
+    text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) + THINK_PREFIX
+    inp = proc(text=[text], images=[f.image for f in frames], return_tensors="pt")
+    assert inp["image_grid_thw"].tolist() == [[1, 4, 4]] * 4  # 64×64 frame → 4 tokens
+    assert int((inp["input_ids"] == model.config.image_token_id).sum()) == 16
+    with torch.no_grad():
+        logits = model(**inp).logits
+    assert logits.shape[:2] == inp["input_ids"].shape and torch.isfinite(logits).all()
+    g = model.generate(**inp, max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    assert g.sequences.shape[1] <= inp["input_ids"].shape[1] + 8 and len(g.logits) >= 1
