@@ -1,0 +1,232 @@
+"""One ParaVT episode, top to bottom (REFERENCE §1).
+
+    sample ─► overview (K frames, cached per (sample id, K)) ─► prompt (+ "<think>\\n")
+      └─► main-agent turn ─► parse ALL tool calls of the turn (the shared parser)
+            ─► cap at max_parallel ─► validate / clamp each call (the sample's own video)
+            ─► run every call CONCURRENTLY: a weight-sharing sub-agent on the same engine
+               summarises the crop (or, eval-style, the crop's frames go straight back)
+            ─► one user turn of <tool_response> blocks, in call order
+      └─► next turn … up to ``max_turns`` tool rounds; a turn without tool calls ends it;
+          after the last round one more turn answers (eval: with a forcing message).
+
+The trajectory holds the exact token ids the engine produced (policy tokens: loss mask 1)
+and everything else the model saw (prompt, template, tool responses: mask 0), with the
+engine's logprobs, per-turn records, the K used and the sub-agent trajectories.
+Nothing here raises on model output or tool failure: they become error tool responses and
+counts in ``trajectory.stats``. An engine failure ends the episode with ``end_reason="error"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paravt.agent.conversation import ChatConversation, TokenConversation, encode_prompt
+from paravt.agent.tools import CropConfig, Tool, ToolContext, ToolResult, build_tools, unknown_tool_result
+from paravt.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
+from paravt.core import prompts
+from paravt.core.seeding import stable_hash
+from paravt.core.toolcall import parse_tool_calls
+from paravt.core.video import Frame, probe, sample_overview
+from paravt.engines.base import ChatEngine, SamplingParams
+from paravt.engines.images import ImageInputs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodeConfig:
+    prompt_mode: str = "agentic_general"
+    prompt_dir: str | None = None
+    tools: list[str] = field(default_factory=lambda: ["crop_video"])
+    max_turns: int = 3  # tool rounds; the assistant gets max_turns + 1 turns at most
+    max_parallel: int = 5  # tool calls executed per turn; extra calls are dropped (counted)
+    think_prefix: bool = True  # append "<think>\n" to every main-agent generation prompt
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 2048
+    max_context_tokens: int = 32768
+    crop: CropConfig = field(default_factory=CropConfig)
+    overview_min_pixels: int = 784
+    overview_max_pixels: int = 50176
+    final_turn_prompt: str | None = None  # eval: a user message forcing the answer at the last turn
+    final_turn_max_tokens: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.crop, dict):
+            self.crop = CropConfig(**self.crop)
+        if self.max_turns < 0 or self.max_parallel < 1:
+            raise ValueError("max_turns must be >= 0 and max_parallel >= 1")
+        if self.prompt_mode not in prompts.available_modes(self.prompt_dir):
+            raise ValueError(f"prompt_mode {self.prompt_mode!r} not in {prompts.available_modes(self.prompt_dir)}")
+
+    @property
+    def prefix(self) -> str:
+        return prompts.THINK_PREFIX if self.think_prefix else ""
+
+    @property
+    def agentic(self) -> bool:
+        return bool(self.tools) and self.prompt_mode != "direct" and self.prompt_mode != "reasoning"
+
+
+@dataclass
+class EpisodeSample:
+    sample_id: str
+    question: str
+    video_path: str
+    duration: float | None = None
+    answer: Any = None
+    question_type: str = "oe"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row) -> "EpisodeSample":
+        """From a :class:`paravt.data.schema.RLRow`."""
+        return cls(row.sample_id, row.question, row.video, row.extra_info.get("duration"), row.answer,
+                   row.question_type, dict(row.extra_info))
+
+
+@dataclass
+class Overview:
+    frames: list[Frame]
+    messages: list[dict[str, Any]]
+    prompt_ids: list[int] | None
+    images: ImageInputs | None
+    duration: float
+
+
+class OverviewCache:
+    """Overview frames + prompt ids per (sample id, K, prompt mode): decoded and preprocessed
+    once, shared by the n rollouts of a group. Keyed on the sample, not the video: two
+    questions on one video have different prompts."""
+
+    def __init__(self, max_items: int = 256):
+        self.max_items = max_items
+        self._items: OrderedDict[tuple, Overview] = OrderedDict()
+        self._locks: dict[tuple, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, sample: EpisodeSample, k: int, cfg: EpisodeConfig, processor, tool_schemas) -> Overview:
+        key = (sample.sample_id, k, cfg.prompt_mode, cfg.think_prefix, cfg.overview_min_pixels,
+               cfg.overview_max_pixels, processor is not None)
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            with self._guard:
+                if key in self._items:
+                    self.hits += 1
+                    self._items.move_to_end(key)
+                    return self._items[key]
+            ov = build_overview(sample, k, cfg, processor, tool_schemas)
+            with self._guard:
+                self.misses += 1
+                self._items[key] = ov
+                while len(self._items) > self.max_items:
+                    old, _ = self._items.popitem(last=False)
+                    self._locks.pop(old, None)
+            return ov
+
+
+def build_overview(sample: EpisodeSample, k: int, cfg: EpisodeConfig, processor, tool_schemas) -> Overview:
+    duration = sample.duration if sample.duration else probe(sample.video_path).duration
+    frames = sample_overview(sample.video_path, k, 32, cfg.overview_min_pixels, cfg.overview_max_pixels)
+    messages = prompts.build_messages(cfg.prompt_mode, sample.question, frames, Path(sample.video_path).name,
+                                      duration, tool_schemas if cfg.agentic else None, cfg.prompt_dir)
+    ids = images = None
+    if processor is not None:
+        ids, images = encode_prompt(processor, messages, cfg.prefix)
+    return Overview(frames, messages, ids, images, float(duration))
+
+
+async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConfig, k: int, seed: int = 0,
+                      cache: OverviewCache | None = None, tools: dict[str, Tool] | None = None) -> Trajectory:
+    """Run one episode of the main agent on ``sample`` with a K-frame overview."""
+    t_start = time.perf_counter()
+    tools = tools if tools is not None else build_tools(cfg.tools, crop=cfg.crop)
+    schemas = [t.schema for t in tools.values()]
+    is_chat = isinstance(engine, ChatEngine)
+
+    # 1. Overview (K frames) and the prompt, cached per (sample id, K).
+    ov = await asyncio.to_thread((cache or OverviewCache(1)).get, sample, k, cfg,
+                                 None if is_chat else processor, schemas)
+    conv = (ChatConversation(engine, ov.messages, cfg.prefix) if is_chat
+            else TokenConversation(engine, processor, ov.prompt_ids, ov.images, ov.messages, cfg.prefix))
+    traj = Trajectory(sample.sample_id, k, conv.record)
+    prefix = cfg.prefix
+
+    for turn in range(cfg.max_turns + 1):
+        final = turn == cfg.max_turns
+        if len(conv) >= cfg.max_context_tokens:
+            traj.end_reason = "context"
+            break
+        # 2. Main-agent turn.
+        max_new = cfg.max_new_tokens
+        if final and cfg.final_turn_max_tokens:
+            max_new = cfg.final_turn_max_tokens
+        max_new = max(1, min(max_new, cfg.max_context_tokens - len(conv)))
+        params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new,
+                                seed=stable_hash(seed, sample.sample_id, "main", turn))
+        out = await conv.generate(params)
+        if out.error:
+            traj.end_reason, traj.error = "error", out.error
+            break
+        rec = TurnRecord(turn, prefix + out.text, len(out.token_ids), out.finish_reason,
+                         generate_seconds=out.seconds, weight_version=out.weight_version)
+        traj.turns.append(rec)
+
+        # 3. Parse every tool call of the turn with the shared parser.
+        parsed = parse_tool_calls(out.text) if cfg.agentic else None
+        if parsed is None or (not parsed.calls and not parsed.errors):
+            traj.end_reason = "answer" if out.finish_reason != "length" else "length"
+            break
+        rec.parse_errors = list(parsed.errors)
+        if final:  # no tool round left: calls of the last turn are not executed
+            traj.end_reason = "max_turns"
+            break
+
+        # 4. Cap, validate and run all calls concurrently.
+        # Calls and unparseable blocks share the max_parallel slots; the rest is dropped (counted).
+        calls = parsed.calls[: cfg.max_parallel]
+        errors = parsed.errors[: cfg.max_parallel - len(calls)]
+        rec.dropped_calls = len(parsed.calls) + len(parsed.errors) - len(calls) - len(errors)
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*[
+            _execute(call, tools, ToolContext(sample.video_path, ov.duration, engine, processor, seed=stable_hash(
+                seed, sample.sample_id), turn=turn, call_index=i)) for i, call in enumerate(calls)])
+        rec.tools_seconds = time.perf_counter() - t0
+        for call, res in zip(calls, results):
+            rec.calls.append(ToolCallRecord(call.name, call.arguments, res.ok, res.window, res.error, res.clamped,
+                                            res.text, res.seconds))
+            if res.subagent is not None:
+                traj.subagents.append(res.subagent)
+        responses: list[dict[str, Any]] = [{"role": "tool", "content": r.content} for r in results]
+        responses += [{"role": "tool", "content": prompts.tool_error_text(f"could not parse the call: {e}")}
+                      for e in errors]
+
+        # 5. Tool responses as one user turn, in call order; then the next generation prompt.
+        new = responses
+        if turn + 1 == cfg.max_turns and cfg.final_turn_prompt:
+            new = responses + [{"role": "user", "content": cfg.final_turn_prompt}]
+        conv.add_messages(new, prefix)
+    else:  # pragma: no cover - the loop always breaks
+        traj.end_reason = "max_turns"
+    traj.seconds = time.perf_counter() - t_start
+    return traj
+
+
+async def _execute(call, tools: dict[str, Tool], ctx: ToolContext) -> ToolResult:
+    tool = tools.get(call.name)
+    if tool is None:
+        return unknown_tool_result(call.name, sorted(tools))
+    try:
+        return await tool.execute(call, ctx)
+    except Exception as exc:  # noqa: BLE001 - a tool bug must not kill the episode
+        log.exception("tool %s crashed", call.name)
+        return tool.error(f"{type(exc).__name__}: {exc}", time.perf_counter())

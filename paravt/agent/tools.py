@@ -1,0 +1,190 @@
+"""Tools the main agent can call, and their registry.
+
+A tool validates a parsed call and executes it: ``await tool.execute(call, ctx)`` returns a
+:class:`ToolResult` whose ``content`` (text, or text + frames in the eval-style mode) becomes
+one ``<tool_response>`` for the main agent. A failed call returns an error text instead
+(``[Error: crop_video failed: …]``); tools never raise into the episode.
+
+Adding a tool = one subclass decorated with :func:`register_tool` + its name in the recipe's
+``tools`` list.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from paravt.agent.trajectory import SequenceRecord, SubAgentTrajectory
+from paravt.core import prompts
+from paravt.core.toolcall import CROP_VIDEO_SCHEMA, ToolCall, is_number
+from paravt.core.video import VideoError, sample_crop
+from paravt.engines.base import SamplingParams
+
+TOOL_REGISTRY: dict[str, type["Tool"]] = {}
+
+
+def register_tool(cls: type["Tool"]) -> type["Tool"]:
+    TOOL_REGISTRY[cls.name] = cls
+    return cls
+
+
+def build_tools(names: list[str], **kwargs: Any) -> dict[str, "Tool"]:
+    unknown = [n for n in names if n not in TOOL_REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown tools {unknown}; registered: {sorted(TOOL_REGISTRY)}")
+    return {n: TOOL_REGISTRY[n](**kwargs) for n in names}
+
+
+@dataclass
+class ToolContext:
+    """What a tool may use: the episode's own video (the model-written path is ignored),
+    the engine and processor for sub-agents, and a seed."""
+
+    video_path: str
+    duration: float
+    engine: Any = None
+    processor: Any = None
+    seed: int = 0
+    turn: int = 0
+    call_index: int = 0
+
+
+@dataclass
+class ToolResult:
+    ok: bool
+    content: list[dict[str, Any]] | str  # what goes inside <tool_response>
+    text: str = ""  # plain-text form (logging, scoring)
+    error: str | None = None
+    window: tuple[float, float] | None = None
+    clamped: bool = False
+    subagent: SubAgentTrajectory | None = None
+    seconds: float = 0.0
+
+
+class Tool(abc.ABC):
+    name: str = ""
+    schema: dict[str, Any] = {}
+
+    @abc.abstractmethod
+    async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
+        ...
+
+    def error(self, message: str, t0: float) -> ToolResult:
+        text = prompts.tool_error_text(message) if self.name == "crop_video" else f"[Error: {self.name} failed: {message}]"
+        return ToolResult(False, text, text, error=message, seconds=time.perf_counter() - t0)
+
+
+@dataclass
+class CropConfig:
+    mode: str = "subagent"  # subagent: a weight-sharing sub-agent summarises; frames: frames go back (eval)
+    fps: float = 1.0
+    min_frames: int = 1
+    max_frames: int = 16
+    min_pixels: int = 784
+    max_pixels: int = 50176
+    factor: int = 32
+    subagent_max_tokens: int = 512
+    subagent_temperature: float = 0.7
+    subagent_timeout_s: float = 300.0
+
+    def __post_init__(self):
+        if self.mode not in ("subagent", "frames"):
+            raise ValueError(f"crop mode must be 'subagent' or 'frames', got {self.mode!r}")
+        if not 1 <= self.min_frames <= self.max_frames:
+            raise ValueError("need 1 <= min_frames <= max_frames")
+
+
+def validate_window(args: dict[str, Any], duration: float) -> tuple[float, float, bool]:
+    """(start, end, clamped) of a crop call, or ValueError with the reason (REFERENCE §1):
+    start/end required (aliases start/end), finite numbers, start < end, start < duration;
+    a negative start is clamped to 0 and end to the duration."""
+    start = args.get("start_time", args.get("start"))
+    end = args.get("end_time", args.get("end"))
+    if start is None or end is None:
+        raise ValueError("start_time and end_time are required")
+    for nm, v in (("start_time", start), ("end_time", end)):
+        if not is_number(v):
+            raise ValueError(f"{nm} must be a number of seconds, got {v!r}")
+    start, end = float(start), float(end)
+    if start >= end:
+        raise ValueError(f"start_time {start:g} must be before end_time {end:g}")
+    if start >= duration:
+        raise ValueError(f"start_time {start:g} is past the end of the video ({duration:.1f} s)")
+    clamped = False
+    if start < 0:
+        start, clamped = 0.0, True
+    if end > duration:
+        end, clamped = duration, True
+    if end <= start:
+        raise ValueError(f"empty window [{start:g}, {end:g}]")
+    return start, end, clamped
+
+
+@register_tool
+class CropVideo(Tool):
+    """crop_video(video_path, start_time, end_time): look closely at a window of the video."""
+
+    name = "crop_video"
+    schema = CROP_VIDEO_SCHEMA
+
+    def __init__(self, crop: CropConfig | None = None, **_: Any):
+        self.cfg = crop or CropConfig()
+
+    async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
+        t0 = time.perf_counter()
+        try:
+            start, end, clamped = validate_window(call.arguments, ctx.duration)
+        except ValueError as exc:
+            return self.error(str(exc), t0)
+        c = self.cfg
+        try:
+            frames = await asyncio.to_thread(sample_crop, ctx.video_path, start, end, c.fps, c.min_frames,
+                                             c.max_frames, c.factor, c.min_pixels, c.max_pixels)
+        except VideoError as exc:
+            return self.error(str(exc), t0)
+        if c.mode == "frames":
+            note = f"{len(frames)} frame(s) from {start:.1f} to {end:.1f} seconds."
+            content = prompts.frames_content(frames) + [{"type": "text", "text": note}]
+            return ToolResult(True, content, note, window=(start, end), clamped=clamped, seconds=time.perf_counter() - t0)
+        try:
+            sub = await asyncio.wait_for(self._subagent(frames, start, end, ctx), timeout=c.subagent_timeout_s)
+        except asyncio.TimeoutError:
+            return self.error(f"sub-agent timed out after {c.subagent_timeout_s:g} s", t0)
+        if sub.finish_reason == "error":
+            return self.error(f"sub-agent engine error: {sub.text}", t0)
+        text = sub.text.strip() or "(no description)"
+        if sub.finish_reason == "length":
+            text = prompts.truncate_note(text)
+        return ToolResult(True, text, text, window=(start, end), clamped=clamped, subagent=sub,
+                          seconds=time.perf_counter() - t0)
+
+    async def _subagent(self, frames, start: float, end: float, ctx: ToolContext) -> SubAgentTrajectory:
+        """One weight-sharing sub-agent: crop frames + summary prompt → a factual summary."""
+        from paravt.agent.conversation import encode_prompt  # noqa: PLC0415
+        from paravt.core.seeding import stable_hash  # noqa: PLC0415
+
+        messages = [{"role": "user", "content": prompts.frames_content(frames)
+                     + [{"type": "text", "text": "\n" + prompts.subagent_prompt(start, end)}]}]
+        ids, images = await asyncio.to_thread(encode_prompt, ctx.processor, messages)
+        params = SamplingParams(temperature=self.cfg.subagent_temperature, max_new_tokens=self.cfg.subagent_max_tokens,
+                                seed=stable_hash(ctx.seed, "subagent", ctx.turn, ctx.call_index))
+        out = await ctx.engine.generate(ids, images, params)
+        seq = SequenceRecord(images=images)
+        seq.add(ids, "context")
+        if out.error:
+            return SubAgentTrajectory((ctx.turn, ctx.call_index), seq, out.error, "error")
+        seq.add(out.token_ids, "policy", out.logprobs)
+        text = ctx.processor.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        return SubAgentTrajectory((ctx.turn, ctx.call_index), seq, text, out.finish_reason)
+
+
+def unknown_tool_result(name: str, available: list[str]) -> ToolResult:
+    text = f"[Error: unknown tool {name!r}; available tools: {', '.join(available)}]"
+    return ToolResult(False, text, text, error=f"unknown tool {name!r}")
+
+
+__all__ = ["CropConfig", "CropVideo", "TOOL_REGISTRY", "Tool", "ToolContext", "ToolResult", "build_tools",
+           "register_tool", "validate_window", "unknown_tool_result"]

@@ -1,0 +1,273 @@
+"""The embedded default engine: a transformers model in-process, with request batching.
+
+Concurrent ``generate`` calls (the n rollouts of a GRPO group, the sub-agents of one turn)
+are collected from a queue for up to ``batch_wait_s`` and run as ONE left-padded batched
+``model.generate`` in a worker thread, so parallel tool calls really run in parallel.
+
+Sampling is done per row by :class:`_RowSampler` with a ``torch.Generator`` per request
+(seeded from the request's seed), so a request's tokens do not depend on the global RNG;
+with the same batch composition a rollout is bit-for-bit reproducible. (Batched vs. unbatched
+forward passes may differ in the last float bits, which can flip a near-tie sample.)
+Log-probabilities come from the raw logits (``output_logits=True``), not the processed scores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
+
+from paravt.core.seeding import stable_hash
+from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
+from paravt.engines.images import ImageInputs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    input_ids: list[int]
+    images: ImageInputs | None
+    params: SamplingParams
+    generator: torch.Generator
+    future: asyncio.Future | None = None
+    t_submit: float = field(default_factory=time.perf_counter)
+
+
+class _RowSampler(LogitsProcessor):
+    """Chooses each row's next token with its own params and generator; the chosen token
+    gets score 0 and the rest -inf, so generate's greedy step keeps it."""
+
+    def __init__(self, reqs: list[_Request]):
+        self.reqs = reqs
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        out = torch.full_like(scores, float("-inf"))
+        for i, r in enumerate(self.reqs):
+            p = r.params
+            row = scores[i]
+            if p.greedy:
+                tok = int(torch.argmax(row))
+            else:
+                logits = row / p.temperature
+                if p.top_k > 0:
+                    kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                probs = torch.softmax(logits, dim=-1)
+                if p.top_p < 1.0:
+                    sp, si = torch.sort(probs, descending=True)
+                    keep = torch.cumsum(sp, 0) - sp < p.top_p
+                    mask = torch.zeros_like(probs, dtype=torch.bool)
+                    mask[si[keep]] = True
+                    probs = torch.where(mask, probs, torch.zeros_like(probs))
+                    probs = probs / probs.sum()
+                tok = int(torch.multinomial(probs.float().cpu(), 1, generator=r.generator))
+            out[i, tok] = 0.0
+        return out
+
+
+class _RowStop(StoppingCriteria):
+    """Per-row stop: its own max_new_tokens, stop token ids and stop strings."""
+
+    def __init__(self, reqs: list[_Request], prompt_len: int, tokenizer):
+        self.reqs, self.prompt_len, self.tok = reqs, prompt_len, tokenizer
+        self.done_at: list[int | None] = [None] * len(reqs)
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        n = input_ids.shape[1] - self.prompt_len
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for i, r in enumerate(self.reqs):
+            if self.done_at[i] is not None:
+                done[i] = True
+                continue
+            p = r.params
+            stop = n >= p.max_new_tokens or (p.stop_token_ids and int(input_ids[i, -1]) in p.stop_token_ids)
+            if not stop and p.stop:
+                tail = self.tok.decode(input_ids[i, max(self.prompt_len, input_ids.shape[1] - 16):])
+                stop = any(s in tail for s in p.stop)
+            if stop:
+                self.done_at[i] = n
+                done[i] = True
+        return done
+
+
+class HFEngine(InferenceEngine):
+    """In-process transformers engine with batching of concurrent requests."""
+
+    def __init__(self, model, processor, max_batch_size: int = 32, batch_wait_s: float = 0.01, seed: int = 0):
+        self.model = model.eval()
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.seed = seed
+        self.weight_version = 0
+        gc = model.generation_config
+        eos = gc.eos_token_id if gc is not None else None
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_ids = eos
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        self.image_token_id = model.config.image_token_id
+        self._lock = threading.Lock()
+        self._queue: asyncio.Queue | None = None
+        self._worker: asyncio.Task | None = None
+        self._n_requests = 0
+        self.stats = {"batches": 0, "requests": 0, "batch_sizes": [], "generated_tokens": 0, "gen_seconds": 0.0}
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: str = "float32", attn_implementation: str | None = None,
+                        device: str | None = None, **kwargs) -> "HFEngine":
+        from paravt.models.loading import load_model, load_processor  # noqa: PLC0415
+
+        model = load_model(path, dtype=dtype, attn_implementation=attn_implementation, device=device)
+        return cls(model, load_processor(path), **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ public API
+    async def generate(self, input_ids: Sequence[int], images: Any, params: SamplingParams) -> GenerationOutput:
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._worker is None or self._worker.done():
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._batch_loop())
+        self._n_requests += 1
+        seed = params.seed if params.seed is not None else stable_hash(self.seed, "request", self._n_requests)
+        req = _Request(list(map(int, input_ids)), ImageInputs.wrap(images), params,
+                       torch.Generator().manual_seed(seed % (2**63)))
+        req.future = loop.create_future()
+        await self._queue.put(req)
+        return await req.future
+
+    async def update_weights(self, source: Any, version: int | None = None) -> None:
+        """A state dict (in-process trainer) or a saved checkpoint directory."""
+        if isinstance(source, (str, Path)):
+            from paravt.models.loading import load_model  # noqa: PLC0415
+
+            fresh = load_model(source, dtype=next(self.model.parameters()).dtype, device="cpu")
+            source = fresh.state_dict()
+        await asyncio.to_thread(self._load_state, source)
+        self.weight_version = version if version is not None else self.weight_version + 1
+
+    def _load_state(self, state: dict[str, torch.Tensor]) -> None:
+        with self._lock, torch.no_grad():
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            # tied lm_head may be absent from a state dict; anything else is an error
+            missing = [k for k in missing if not k.endswith("lm_head.weight")]
+            if missing or unexpected:
+                raise EngineError(f"update_weights: missing {missing[:3]} unexpected {unexpected[:3]}")
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+            self._worker = None
+
+    # ------------------------------------------------------------------ batching
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self.batch_wait_s
+            while len(batch) < self.max_batch_size:
+                remaining = deadline - loop.time()
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), timeout=max(remaining, 0)) if remaining > 0
+                                 else self._queue.get_nowait())
+                except (asyncio.TimeoutError, asyncio.QueueEmpty):
+                    break
+            outs = await asyncio.to_thread(self._run_safely, batch)
+            for r, o in zip(batch, outs):
+                if not r.future.done():
+                    r.future.set_result(o)
+
+    def _run_safely(self, batch: list[_Request]) -> list[GenerationOutput]:
+        try:
+            return self._run_batch(batch)
+        except Exception as exc:  # noqa: BLE001 - isolate the failing request(s)
+            if len(batch) == 1:
+                log.warning("generation failed: %s", exc)
+                return [GenerationOutput([], [], "error", self.weight_version, error=f"{type(exc).__name__}: {exc}")]
+            return [self._run_safely([r])[0] for r in batch]
+
+    # ------------------------------------------------------------------ one batch
+    def _run_batch(self, reqs: list[_Request]) -> list[GenerationOutput]:
+        t0 = time.perf_counter()
+        merge = int(self.processor.image_processor.merge_size) ** 2
+        L = max(len(r.input_ids) for r in reqs)
+        B = len(reqs)
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        pixel_values, grids = [], []
+        for i, r in enumerate(reqs):
+            n = len(r.input_ids)
+            if n == 0:
+                raise EngineError("empty prompt")
+            ids[i, L - n:] = torch.tensor(r.input_ids)
+            attn[i, L - n:] = 1
+            n_pad = sum(1 for t in r.input_ids if t == self.image_token_id)
+            if r.images is not None and len(r.images):
+                pv, grid = r.images.tensors(self.processor)
+                expected = int((grid.prod(-1) // merge).sum())
+                if n_pad != expected:
+                    raise EngineError(f"prompt has {n_pad} image tokens but its {len(r.images)} images need {expected}")
+                pixel_values.append(pv)
+                grids.append(grid)
+            elif n_pad:
+                raise EngineError(f"prompt has {n_pad} image tokens but no images")
+        kwargs: dict[str, Any] = {}
+        if pixel_values:
+            kwargs["pixel_values"] = torch.cat(pixel_values).to(self.device, dtype=next(self.model.parameters()).dtype)
+            kwargs["image_grid_thw"] = torch.cat(grids).to(self.device)
+        kwargs["mm_token_type_ids"] = (ids == self.image_token_id).long().to(self.device)
+        max_new = max(r.params.max_new_tokens for r in reqs)
+        stopper = _RowStop(reqs, L, self.tokenizer)
+        gen_cfg = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=self.eos_ids,
+                                   pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True)
+        with self._lock, torch.no_grad():
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
+                                      generation_config=gen_cfg, logits_processor=[_RowSampler(reqs)],
+                                      stopping_criteria=[stopper], **kwargs)
+        seqs = out.sequences[:, L:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else torch.zeros(B, 0, 1)
+        dt = time.perf_counter() - t0
+        results = []
+        for i, r in enumerate(reqs):
+            toks, finish = [], "length"
+            limit = min(r.params.max_new_tokens, seqs.shape[1])
+            if stopper.done_at[i] is not None:
+                limit = min(limit, stopper.done_at[i])
+            for t in seqs[i, :limit].tolist():
+                toks.append(t)
+                if t in self.eos_ids or t in r.params.stop_token_ids:
+                    finish = "stop"
+                    break
+            if finish == "length" and stopper.done_at[i] is not None and stopper.done_at[i] < r.params.max_new_tokens:
+                finish = "stop"  # a stop string
+            temp = r.params.temperature if r.params.temperature > 0 else 1.0
+            if toks:
+                lp = torch.log_softmax(logits[i, : len(toks)] / temp, dim=-1)
+                lps = lp.gather(1, torch.tensor(toks).unsqueeze(1)).squeeze(1).tolist()
+            else:
+                lps = []
+            results.append(GenerationOutput(toks, lps, finish, self.weight_version,
+                                            latency_s=time.perf_counter() - r.t_submit))
+        self.stats["batches"] += 1
+        self.stats["requests"] += B
+        self.stats["batch_sizes"].append(B)
+        self.stats["generated_tokens"] += sum(len(r.token_ids) for r in results)
+        self.stats["gen_seconds"] += dt
+        return results

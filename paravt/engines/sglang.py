@@ -1,0 +1,314 @@
+"""The production rollout engine: an SGLang server on dedicated GPU(s), native HTTP API.
+
+* :class:`SGLangServer` launches ``python -m sglang.launch_server`` (from SGLang's own venv,
+  ``.venv-sglang``), pinned to the GPUs it is given, and waits on ``/health`` with backoff,
+  never a fixed sleep. REFERENCE §6 settings are on by default: ``SGLANG_VLM_CACHE_SIZE_MB``
+  = 4096 (the 100 MB default is too small for 64-frame rollouts), the static memory fraction
+  and the context length.
+* :class:`SGLangEngine` speaks the native ``/generate`` API with ``input_ids`` (image
+  placeholders already expanded by the processor, the same ids the trainer scores),
+  ``image_data`` (PNG data URLs), ``sampling_params`` and ``return_logprob``; it reads the
+  output ids and logprobs from ``meta_info.output_token_logprobs``. Weight updates go through
+  ``/update_weights_from_disk`` (default) or, optionally, ``/init_weights_update_group`` +
+  ``/update_weights_from_distributed`` (an NCCL group with the trainer's rank 0).
+
+SGLang cannot run on CPU machines; everything except the HTTP round trip and the process
+launch is pure functions (:func:`launch_command`, :func:`generate_payload`,
+:func:`parse_generate_response`, …) tested against SGLang's documented API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
+from paravt.engines.images import ImageInputs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SGLangServerConfig:
+    model_path: str = ""
+    python: str = ".venv-sglang/bin/python"  # SGLang's own environment (requirements/sglang.txt)
+    host: str = "127.0.0.1"
+    port: int = 30000
+    gpus: list[int] = field(default_factory=lambda: [0])
+    tp_size: int = 1
+    dtype: str = "bfloat16"
+    mem_fraction_static: float = 0.7
+    context_length: int = 32768
+    max_running_requests: int | None = None
+    vlm_cache_size_mb: int = 4096  # REFERENCE §6: >= 4096 for 64-frame rollouts
+    attention_backend: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    startup_timeout_s: float = 1200.0
+    log_file: str | None = None
+
+    def __post_init__(self):
+        if self.tp_size < 1 or len(self.gpus) % self.tp_size:
+            raise ValueError(f"tp_size {self.tp_size} must divide the number of GPUs {self.gpus}")
+        if not 0 < self.mem_fraction_static < 1:
+            raise ValueError("mem_fraction_static must be in (0, 1)")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def launch_command(cfg: SGLangServerConfig) -> tuple[list[str], dict[str, str]]:
+    """argv and the environment additions that start the server."""
+    if not cfg.model_path:
+        raise ValueError("SGLangServerConfig.model_path is required")
+    argv = [cfg.python, "-m", "sglang.launch_server",
+            "--model-path", str(cfg.model_path), "--host", cfg.host, "--port", str(cfg.port),
+            "--tp-size", str(cfg.tp_size), "--dtype", cfg.dtype,
+            "--mem-fraction-static", str(cfg.mem_fraction_static),
+            "--context-length", str(cfg.context_length), "--trust-remote-code", "--skip-server-warmup"]
+    if cfg.max_running_requests:
+        argv += ["--max-running-requests", str(cfg.max_running_requests)]
+    if cfg.attention_backend:
+        argv += ["--attention-backend", cfg.attention_backend]
+    argv += list(cfg.extra_args)
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpus),
+           "SGLANG_VLM_CACHE_SIZE_MB": str(cfg.vlm_cache_size_mb)}
+    return argv, env
+
+
+class SGLangServer:
+    """A server process; ``with SGLangServer(cfg) as srv:`` starts it and waits until healthy."""
+
+    def __init__(self, cfg: SGLangServerConfig):
+        self.cfg = cfg
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def start(self) -> "SGLangServer":
+        argv, extra_env = launch_command(self.cfg)
+        log_path = Path(self.cfg.log_file or f"sglang_{self.cfg.port}.log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        log.info("starting SGLang: %s (GPUs %s)", " ".join(argv), extra_env["CUDA_VISIBLE_DEVICES"])
+        self.proc = subprocess.Popen(argv, env={**os.environ, **extra_env}, stdout=self._log, stderr=subprocess.STDOUT)
+        self.wait_healthy()
+        return self
+
+    def log_tail(self, n: int = 40) -> str:
+        path = Path(self.cfg.log_file or f"sglang_{self.cfg.port}.log")
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def wait_healthy(self) -> None:
+        import requests  # noqa: PLC0415
+
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        delay = 1.0
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise EngineError(f"SGLang server exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.cfg.url + "/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(delay)
+            delay = min(delay * 1.5, 10.0)
+        raise EngineError(f"SGLang server not healthy after {self.cfg.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self._log is not None:
+            self._log.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# Request / response translation (pure)
+# ---------------------------------------------------------------------------------------
+
+def sampling_payload(params: SamplingParams) -> dict[str, Any]:
+    sp: dict[str, Any] = {
+        "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+        "max_new_tokens": params.max_new_tokens,
+        "skip_special_tokens": False, "spaces_between_special_tokens": False, "no_stop_trim": True,
+    }
+    if params.stop:
+        sp["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        sp["stop_token_ids"] = list(params.stop_token_ids)
+    if params.seed is not None:
+        sp["sampling_seed"] = int(params.seed) % (2**31)
+    return sp
+
+
+def generate_payload(input_ids: Sequence[int], images: ImageInputs | None, params: SamplingParams) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "input_ids": [int(t) for t in input_ids],
+        "sampling_params": sampling_payload(params),
+        "return_logprob": True,
+        "logprob_start_len": -1,  # logprobs of the output tokens only
+        "stream": False,
+    }
+    if images is not None and len(images):
+        payload["image_data"] = images.data_urls()
+    return payload
+
+
+def parse_generate_response(resp: dict[str, Any], weight_version: int = 0) -> GenerationOutput:
+    """GenerationOutput from a native ``/generate`` response (one request)."""
+    if isinstance(resp, list):
+        if len(resp) != 1:
+            raise EngineError(f"expected one response, got {len(resp)}")
+        resp = resp[0]
+    meta = resp.get("meta_info") or {}
+    lps = meta.get("output_token_logprobs")
+    if lps is not None:
+        ids = [int(x[1]) for x in lps]
+        logprobs = [float(x[0]) if x[0] is not None else 0.0 for x in lps]
+    elif "output_ids" in resp:
+        ids = [int(t) for t in resp["output_ids"]]
+        logprobs = [0.0] * len(ids)
+    else:
+        raise EngineError(f"/generate response has neither output_token_logprobs nor output_ids: {list(resp)}")
+    fr = meta.get("finish_reason") or {}
+    ftype = fr.get("type", "stop") if isinstance(fr, dict) else str(fr)
+    if ftype == "abort":
+        return GenerationOutput(ids, logprobs, "error", weight_version, resp.get("text"),
+                                error=f"request aborted: {fr.get('message', '')}")
+    version = meta.get("weight_version", weight_version)
+    try:
+        version = int(version)
+    except (TypeError, ValueError):
+        version = weight_version
+    return GenerationOutput(ids, logprobs, "length" if ftype == "length" else "stop", version, resp.get("text"))
+
+
+def update_from_disk_payload(path: str, version: int) -> dict[str, Any]:
+    return {"model_path": str(path), "weight_version": str(version), "flush_cache": True}
+
+
+def init_group_payload(master_address: str, master_port: int, world_size: int,
+                       group_name: str = "paravt_weight_sync", rank_offset: int = 1) -> dict[str, Any]:
+    """The server joins an NCCL group whose rank 0 is the trainer; its ranks start at rank_offset."""
+    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": rank_offset,
+            "world_size": int(world_size), "group_name": group_name, "backend": "nccl"}
+
+
+def update_distributed_payload(named_shapes: list[tuple[str, str, list[int]]], version: int,
+                               group_name: str = "paravt_weight_sync") -> dict[str, Any]:
+    """Announce tensors (name, dtype, shape) that the trainer then broadcasts in this order."""
+    return {"names": [n for n, _, _ in named_shapes], "dtypes": [d for _, d, _ in named_shapes],
+            "shapes": [list(s) for _, _, s in named_shapes], "group_name": group_name,
+            "flush_cache": True, "weight_version": str(version)}
+
+
+# ---------------------------------------------------------------------------------------
+# The engine
+# ---------------------------------------------------------------------------------------
+
+class SGLangEngine(InferenceEngine):
+    def __init__(self, url: str, server: SGLangServer | None = None, request_timeout_s: float = 900.0,
+                 max_retries: int = 3, max_concurrency: int = 256):
+        self.url = url.rstrip("/")
+        self.server = server
+        self.request_timeout_s = request_timeout_s
+        self.max_retries = max_retries
+        self.weight_version = 0
+        self._sem = asyncio.Semaphore(max_concurrency)
+        self._session = None
+
+    async def _http(self):
+        import aiohttp  # noqa: PLC0415
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.request_timeout_s))
+        return self._session
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> Any:
+        import aiohttp  # noqa: PLC0415
+
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            if self.server is not None and self.server.proc is not None and self.server.proc.poll() is not None:
+                raise EngineError(f"SGLang server died (exit {self.server.proc.returncode}):\n{self.server.log_tail()}")
+            try:
+                session = await self._http()
+                async with session.post(self.url + path, json=payload) as r:
+                    if r.status >= 500:
+                        raise EngineError(f"{path}: HTTP {r.status}: {(await r.text())[:500]}")
+                    if r.status >= 400:  # a bad request will not get better: no retry
+                        raise EngineError(f"{path}: HTTP {r.status}: {(await r.text())[:500]}")
+                    return await r.json()
+            except (aiohttp.ClientError, asyncio.TimeoutError, EngineError) as exc:
+                if isinstance(exc, EngineError) and "HTTP 4" in str(exc):
+                    raise
+                last = exc
+                if attempt < self.max_retries:
+                    await asyncio.sleep(min(2.0 ** attempt, 30.0))
+        raise EngineError(f"{path} failed after {self.max_retries + 1} attempts: {last}")
+
+    async def generate(self, input_ids, images, params: SamplingParams) -> GenerationOutput:
+        t0 = time.perf_counter()
+        async with self._sem:
+            try:
+                resp = await self._post("/generate", generate_payload(input_ids, ImageInputs.wrap(images), params))
+            except EngineError as exc:
+                return GenerationOutput([], [], "error", self.weight_version, error=str(exc))
+        out = parse_generate_response(resp, self.weight_version)
+        out.latency_s = time.perf_counter() - t0
+        return out
+
+    async def update_weights(self, source: Any, version: int | None = None) -> None:
+        """Reload weights from a checkpoint directory written by the trainer."""
+        if not isinstance(source, (str, Path)):
+            raise TypeError("SGLangEngine.update_weights takes a checkpoint directory; use "
+                            "update_weights_from_distributed for an NCCL broadcast")
+        version = version if version is not None else self.weight_version + 1
+        resp = await self._post("/update_weights_from_disk", update_from_disk_payload(str(source), version))
+        if isinstance(resp, dict) and resp.get("success") is False:
+            raise EngineError(f"update_weights_from_disk failed: {resp.get('message')}")
+        self.weight_version = version
+
+    async def init_weight_group(self, master_address: str, master_port: int, world_size: int) -> None:
+        resp = await self._post("/init_weights_update_group", init_group_payload(master_address, master_port, world_size))
+        if isinstance(resp, dict) and resp.get("success") is False:
+            raise EngineError(f"init_weights_update_group failed: {resp.get('message')}")
+
+    async def update_weights_from_distributed(self, named_shapes, version: int) -> None:
+        """Tell the server to receive tensors; the trainer broadcasts them in the same order."""
+        resp = await self._post("/update_weights_from_distributed", update_distributed_payload(named_shapes, version))
+        if isinstance(resp, dict) and resp.get("success") is False:
+            raise EngineError(f"update_weights_from_distributed failed: {resp.get('message')}")
+        self.weight_version = version
+
+    async def health(self) -> bool:
+        try:
+            session = await self._http()
+            async with session.get(self.url + "/health") as r:
+                return r.status == 200
+        except Exception:  # noqa: BLE001
+            return False
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
