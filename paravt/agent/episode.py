@@ -57,6 +57,7 @@ class EpisodeConfig:
     overview_max_pixels: int = 50176
     final_turn_prompt: str | None = None  # eval: a user message forcing the answer at the last turn
     final_turn_max_tokens: int | None = None
+    sequential_tools: bool = False  # ablation/benchmark: run a turn's calls one after another
 
     def __post_init__(self):
         if isinstance(self.crop, dict):
@@ -197,9 +198,13 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
         errors = parsed.errors[: cfg.max_parallel - len(calls)]
         rec.dropped_calls = len(parsed.calls) + len(parsed.errors) - len(calls) - len(errors)
         t0 = time.perf_counter()
-        results = await asyncio.gather(*[
-            _execute(call, tools, ToolContext(sample.video_path, ov.duration, engine, processor, seed=stable_hash(
-                seed, sample.sample_id), turn=turn, call_index=i)) for i, call in enumerate(calls)])
+        jobs = [_execute(call, tools, ToolContext(sample.video_path, ov.duration, engine, processor,
+                                                  seed=stable_hash(seed, sample.sample_id), turn=turn, call_index=i))
+                for i, call in enumerate(calls)]
+        if cfg.sequential_tools:
+            results = [await job for job in jobs]
+        else:
+            results = await asyncio.gather(*jobs)
         rec.tools_seconds = time.perf_counter() - t0
         for call, res in zip(calls, results):
             rec.calls.append(ToolCallRecord(call.name, call.arguments, res.ok, res.window, res.error, res.clamped,

@@ -1,7 +1,8 @@
 """The embedded default engine: a transformers model in-process, with request batching.
 
 Concurrent ``generate`` calls (the n rollouts of a GRPO group, the sub-agents of one turn)
-are collected from a queue for up to ``batch_wait_s`` and run as ONE left-padded batched
+are collected from a queue (while they keep arriving less than ``batch_wait_s`` apart, at
+most ``max_batch_wait_s``) and run as ONE left-padded batched
 ``model.generate`` in a worker thread, so parallel tool calls really run in parallel.
 
 Sampling is done per row by :class:`_RowSampler` with a ``torch.Generator`` per request
@@ -101,12 +102,14 @@ class _RowStop(StoppingCriteria):
 class HFEngine(InferenceEngine):
     """In-process transformers engine with batching of concurrent requests."""
 
-    def __init__(self, model, processor, max_batch_size: int = 32, batch_wait_s: float = 0.01, seed: int = 0):
+    def __init__(self, model, processor, max_batch_size: int = 32, batch_wait_s: float = 0.03,
+                 max_batch_wait_s: float = 0.15, seed: int = 0):
         self.model = model.eval()
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.max_batch_wait_s = max(max_batch_wait_s, batch_wait_s)
         self.seed = seed
         self.weight_version = 0
         gc = model.generation_config
@@ -178,14 +181,17 @@ class HFEngine(InferenceEngine):
 
     # ------------------------------------------------------------------ batching
     async def _batch_loop(self) -> None:
+        """Collect a batch: keep taking requests while they arrive less than ``batch_wait_s``
+        apart (the sub-agents of one turn finish their crop decoding at slightly different
+        times), for at most ``max_batch_wait_s`` after the first one."""
         loop = asyncio.get_running_loop()
         while True:
             batch = [await self._queue.get()]
-            deadline = loop.time() + self.batch_wait_s
+            hard_deadline = loop.time() + self.max_batch_wait_s
             while len(batch) < self.max_batch_size:
-                remaining = deadline - loop.time()
+                timeout = min(self.batch_wait_s, hard_deadline - loop.time())
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), timeout=max(remaining, 0)) if remaining > 0
+                    batch.append(await asyncio.wait_for(self._queue.get(), timeout=timeout) if timeout > 0
                                  else self._queue.get_nowait())
                 except (asyncio.TimeoutError, asyncio.QueueEmpty):
                     break

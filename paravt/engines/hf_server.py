@@ -1,0 +1,162 @@
+"""Serve an in-process :class:`~paravt.engines.hf.HFEngine` over HTTP, on CPU or GPU.
+
+    python -m paravt.engines.hf_server --model DIR [--host 127.0.0.1] [--port 30000]
+
+It speaks the subset of SGLang's native API that ParaVT's rollout client uses
+(``/health``, ``/generate`` with ``input_ids`` + ``image_data`` + ``return_logprob``,
+``/update_weights_from_disk``) and the OpenAI ``/v1/chat/completions`` (+ ``/v1/models``)
+that the eval client uses. So the remote-engine code paths (RL with a rollout server in its
+own process, eval against a server) run for real on a machine where SGLang cannot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import logging
+import sys
+import time
+from typing import Any
+
+from PIL import Image
+
+from paravt.engines.base import SamplingParams
+from paravt.engines.hf import HFEngine
+from paravt.engines.images import ImageInputs
+
+log = logging.getLogger(__name__)
+
+
+def decode_image(url: str) -> Image.Image:
+    if url.startswith("data:"):
+        return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB")
+    path = url[len("file://"):] if url.startswith("file://") else url
+    return Image.open(path).convert("RGB")
+
+
+def _params_from_sglang(sp: dict[str, Any]) -> SamplingParams:
+    return SamplingParams(temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
+                          top_k=int(sp.get("top_k", -1)), max_new_tokens=int(sp.get("max_new_tokens", 128)),
+                          stop=list(sp.get("stop") or []), stop_token_ids=list(sp.get("stop_token_ids") or []),
+                          seed=sp.get("sampling_seed"))
+
+
+def _chat_messages(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in msgs:
+        c = m.get("content")
+        if isinstance(c, list):
+            items = []
+            for it in c:
+                if it.get("type") == "image_url":
+                    url = it["image_url"]["url"] if isinstance(it["image_url"], dict) else it["image_url"]
+                    items.append({"type": "image", "image": decode_image(url)})
+                elif it.get("type") == "text":
+                    items.append({"type": "text", "text": it.get("text", "")})
+                else:
+                    raise ValueError(f"unsupported content item type {it.get('type')!r}")
+            c = items
+        out.append({"role": m["role"], "content": c if c is not None else ""})
+    return out
+
+
+def build_app(engine: HFEngine, model_name: str = "paravt"):
+    from aiohttp import web  # noqa: PLC0415
+
+    from paravt.agent.conversation import encode_text  # noqa: PLC0415
+
+    tok = engine.tokenizer
+    routes = web.RouteTableDef()
+
+    @routes.get("/health")
+    async def health(_):
+        return web.Response(text="ok")
+
+    @routes.get("/v1/models")
+    async def models(_):
+        return web.json_response({"object": "list", "data": [{"id": model_name, "object": "model"}]})
+
+    @routes.post("/generate")
+    async def generate(req):
+        body = await req.json()
+        try:
+            params = _params_from_sglang(body.get("sampling_params") or {})
+            imgs = [decode_image(u) for u in body.get("image_data") or []]
+            ids = body["input_ids"]
+        except (KeyError, ValueError, TypeError) as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        out = await engine.generate(ids, ImageInputs(imgs) if imgs else None, params)
+        if out.error:
+            return web.json_response({"error": {"message": out.error}}, status=500)
+        return web.json_response({
+            "text": tok.decode(out.token_ids, skip_special_tokens=False),
+            "output_ids": out.token_ids,
+            "meta_info": {"output_token_logprobs": [[lp, t, None] for lp, t in zip(out.logprobs, out.token_ids)],
+                          "finish_reason": {"type": out.finish_reason}, "prompt_tokens": len(ids),
+                          "completion_tokens": len(out.token_ids), "weight_version": str(out.weight_version)},
+        })
+
+    @routes.post("/update_weights_from_disk")
+    async def update(req):
+        body = await req.json()
+        try:
+            await engine.update_weights(body["model_path"], int(body.get("weight_version", engine.weight_version + 1)))
+        except Exception as exc:  # noqa: BLE001
+            return web.json_response({"success": False, "message": str(exc)})
+        return web.json_response({"success": True, "message": f"loaded {body['model_path']}"})
+
+    @routes.post("/v1/chat/completions")
+    async def chat(req):
+        body = await req.json()
+        try:
+            msgs = _chat_messages(body["messages"])
+            cont = bool(body.get("continue_final_message")) and msgs and msgs[-1]["role"] == "assistant"
+            prefix = msgs.pop()["content"] if cont else ""
+            text = engine.processor.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) + prefix
+            images = [i["image"] for m in msgs if isinstance(m["content"], list) for i in m["content"]
+                      if i.get("type") == "image"]
+            ids, imgs = encode_text(engine.processor, text, images)
+            params = SamplingParams(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
+                                    max_new_tokens=int(body.get("max_tokens") or 512),
+                                    stop=list(body.get("stop") or []), seed=body.get("seed"))
+        except (KeyError, ValueError, TypeError) as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        out = await engine.generate(ids, imgs, params)
+        if out.error:
+            return web.json_response({"error": {"message": out.error}}, status=500)
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+        ids_out = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] == eos else out.token_ids
+        choice = {"index": 0, "message": {"role": "assistant", "content": tok.decode(ids_out)},
+                  "finish_reason": out.finish_reason, "token_ids": out.token_ids}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": tok.decode([t]), "logprob": lp}
+                                              for t, lp in zip(out.token_ids, out.logprobs)]}
+        return web.json_response({"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion",
+                                  "model": body.get("model", model_name), "choices": [choice],
+                                  "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out.token_ids)}})
+
+    app = web.Application(client_max_size=512 * 1024 * 1024)
+    app.add_routes(routes)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    from aiohttp import web  # noqa: PLC0415
+
+    p = argparse.ArgumentParser(prog="python -m paravt.engines.hf_server", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    engine = HFEngine.from_pretrained(a.model, dtype=a.dtype, max_batch_size=a.max_batch_size)
+    web.run_app(build_app(engine), host=a.host, port=a.port, print=lambda *x: log.info(*x))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""OpenAI-compatible chat-completions client (eval against SGLang / vLLM servers).
+
+Images in our messages (``{"type": "image", "image": PIL.Image}``) are sent as
+``image_url`` data URLs (the *image_url channel*: frames decoded client-side); items already in
+OpenAI form (``image_url`` / ``video_url`` with a URL, the *video_url channel*: the server
+decodes) pass through. A forced assistant prefix (``<think>\\n``) is sent as a final assistant
+message with ``continue_final_message`` (supported by vLLM and SGLang). Logprobs and token
+ids are returned when the server gives them. Requests are retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import time
+from collections import OrderedDict
+from typing import Any
+
+from paravt.engines.base import ChatEngine, EngineError, GenerationOutput, SamplingParams
+
+
+def image_data_url(img, fmt: str = "PNG") -> str:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+class _UrlCache:
+    """PIL image → data URL, so the 64 overview frames are encoded once per episode group."""
+
+    def __init__(self, size: int = 4096):
+        self.size, self._d = size, OrderedDict()
+
+    def get(self, img) -> str:
+        key = id(img)
+        hit = self._d.get(key)
+        if hit is not None and hit[0] is img:
+            self._d.move_to_end(key)
+            return hit[1]
+        url = image_data_url(img)
+        self._d[key] = (img, url)
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+        return url
+
+
+def to_openai_messages(messages: list[dict[str, Any]], cache: _UrlCache | None = None) -> list[dict[str, Any]]:
+    cache = cache or _UrlCache()
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            items = []
+            for it in content:
+                if it.get("type") == "image" and not isinstance(it.get("image"), str):
+                    items.append({"type": "image_url", "image_url": {"url": cache.get(it["image"])}})
+                elif it.get("type") == "image":
+                    items.append({"type": "image_url", "image_url": {"url": it["image"]}})
+                else:
+                    items.append(it)
+            content = items
+        role = m["role"]
+        msg = {"role": role, "content": content}
+        if role == "tool":
+            msg["tool_call_id"] = m.get("tool_call_id", "call_0")
+        out.append(msg)
+    return out
+
+
+def chat_payload(model: str, messages: list[dict[str, Any]], params: SamplingParams, prefix: str = "",
+                 cache: _UrlCache | None = None, logprobs: bool = True) -> dict[str, Any]:
+    msgs = to_openai_messages(messages, cache)
+    body: dict[str, Any] = {"model": model, "messages": msgs, "temperature": params.temperature,
+                            "top_p": params.top_p, "max_tokens": params.max_new_tokens, "logprobs": logprobs,
+                            "skip_special_tokens": False}
+    if params.seed is not None:
+        body["seed"] = int(params.seed) % (2**31)
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if prefix:
+        msgs.append({"role": "assistant", "content": prefix})
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
+    return body
+
+
+def parse_chat_response(resp: dict[str, Any], prefix: str = "") -> GenerationOutput:
+    try:
+        choice = resp["choices"][0]
+    except (KeyError, IndexError, TypeError):
+        raise EngineError(f"malformed chat completion: {str(resp)[:300]}") from None
+    text = (choice.get("message") or {}).get("content") or ""
+    if prefix and text.startswith(prefix):  # some servers echo the continued message
+        text = text[len(prefix):]
+    lp = ((choice.get("logprobs") or {}).get("content")) or []
+    logprobs = [float(x.get("logprob", 0.0)) for x in lp]
+    ids = choice.get("token_ids") or []
+    if len(ids) != len(logprobs):
+        ids, logprobs = ([], []) if not ids else (list(ids), [0.0] * len(ids))
+    finish = choice.get("finish_reason") or "stop"
+    return GenerationOutput(list(ids), logprobs, "length" if finish == "length" else "stop", 0, text)
+
+
+class OpenAIEngine(ChatEngine):
+    def __init__(self, base_url: str, model: str = "default", api_key: str | None = None,
+                 request_timeout_s: float = 600.0, max_retries: int = 3, max_concurrency: int = 64):
+        self.base_url = base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):
+            self.base_url += "/v1"
+        self.model, self.api_key = model, api_key
+        self.request_timeout_s, self.max_retries = request_timeout_s, max_retries
+        self._sem = asyncio.Semaphore(max_concurrency)
+        self._session = None
+        self._cache = _UrlCache()
+
+    async def _http(self):
+        import aiohttp  # noqa: PLC0415
+
+        if self._session is None or self._session.closed:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            self._session = aiohttp.ClientSession(headers=headers,
+                                                  timeout=aiohttp.ClientTimeout(total=self.request_timeout_s))
+        return self._session
+
+    async def chat(self, messages, params: SamplingParams, prefix: str = "") -> GenerationOutput:
+        import aiohttp  # noqa: PLC0415
+
+        t0 = time.perf_counter()
+        body = chat_payload(self.model, messages, params, prefix, self._cache)
+        last: Exception | None = None
+        async with self._sem:
+            for attempt in range(self.max_retries + 1):
+                try:
+                    session = await self._http()
+                    async with session.post(self.base_url + "/chat/completions", json=body) as r:
+                        if r.status >= 400:
+                            msg = f"HTTP {r.status}: {(await r.text())[:400]}"
+                            if r.status < 500 and r.status != 429:
+                                return GenerationOutput([], [], "error", error=msg)
+                            raise EngineError(msg)
+                        out = parse_chat_response(await r.json(), prefix)
+                        out.latency_s = time.perf_counter() - t0
+                        return out
+                except (aiohttp.ClientError, asyncio.TimeoutError, EngineError) as exc:
+                    last = exc
+                    if attempt < self.max_retries:
+                        await asyncio.sleep(min(2.0 ** attempt, 30.0))
+        return GenerationOutput([], [], "error", error=f"chat completion failed after retries: {last}")
+
+    async def health(self) -> bool:
+        try:
+            session = await self._http()
+            async with session.get(self.base_url + "/models") as r:
+                return r.status == 200
+        except Exception:  # noqa: BLE001
+            return False
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

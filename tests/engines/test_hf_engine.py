@@ -1,0 +1,108 @@
+import asyncio
+
+import pytest
+import torch
+
+from paravt.agent.conversation import encode_prompt
+from paravt.core.prompts import THINK_PREFIX, build_messages
+from paravt.core.video import sample_overview
+from paravt.data.schema import load_rl_rows
+from paravt.engines.base import SamplingParams
+from paravt.engines.hf import HFEngine
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny, world):
+    _, proc = tiny
+    rows, _ = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
+    frames = sample_overview(rows[0].video, 4)
+    return encode_prompt(proc, build_messages("agentic_minimal", rows[0].question, frames, "v.mp4", 60.0), THINK_PREFIX)
+
+
+@pytest.fixture()
+def engine(tiny):
+    model, proc = tiny
+    return HFEngine(model, proc, batch_wait_s=0.02)
+
+
+def test_logprobs_match_a_forward_rescore(engine, prompt):
+    ids, imgs = prompt
+    out = asyncio.run(engine.generate(ids, imgs, SamplingParams(temperature=0.8, max_new_tokens=24, seed=3)))
+    assert len(out.token_ids) == len(out.logprobs) > 0 and out.finish_reason in ("stop", "length")
+    full = torch.tensor([ids + out.token_ids])
+    pv, grid = imgs.tensors(engine.processor)
+    mm = (full == engine.image_token_id).long()
+    with torch.no_grad():
+        logits = engine.model(input_ids=full, attention_mask=torch.ones_like(full), mm_token_type_ids=mm,
+                              pixel_values=pv, image_grid_thw=grid).logits[0, len(ids) - 1:-1]
+    ref = torch.log_softmax(logits / 0.8, -1).gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
+    assert torch.allclose(ref, torch.tensor(out.logprobs), atol=1e-4)
+
+
+def test_concurrent_requests_are_batched_and_seeded(engine, prompt):
+    ids, imgs = prompt
+
+    async def go(seeds, **kw):
+        return await asyncio.gather(*[engine.generate(ids, imgs, SamplingParams(temperature=1.0, max_new_tokens=16,
+                                                                                seed=s, **kw)) for s in seeds])
+    a = asyncio.run(go([1, 2, 3, 4]))
+    assert engine.stats["batch_sizes"][-1] == 4
+    b = asyncio.run(go([1, 2, 3, 4]))
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]  # same seeds, same tokens
+    assert len({tuple(o.token_ids) for o in a}) > 1  # different seeds differ
+    # a request's tokens do not depend on its batch mates (same batch size here)
+    c = asyncio.run(go([1, 9, 8, 7]))
+    assert c[0].token_ids == a[0].token_ids
+
+
+def test_mixed_max_new_tokens_and_stop_strings(engine, prompt):
+    ids, imgs = prompt
+
+    async def go():
+        return await asyncio.gather(
+            engine.generate(ids, imgs, SamplingParams(temperature=0, max_new_tokens=3)),
+            engine.generate(ids, imgs, SamplingParams(temperature=0, max_new_tokens=12)))
+    short, long = asyncio.run(go())
+    assert len(short.token_ids) == 3 and short.finish_reason == "length"
+    assert long.token_ids[:3] == short.token_ids  # greedy: same prefix
+    # stop string: stop right after the first token whose text contains the decoded 2nd token
+    stop_text = engine.tokenizer.decode(long.token_ids[1:2])
+    if stop_text.strip():
+        s = asyncio.run(engine.generate(ids, imgs, SamplingParams(temperature=0, max_new_tokens=12, stop=[stop_text])))
+        assert len(s.token_ids) <= 2 + 1 and s.finish_reason == "stop"
+
+
+def test_a_bad_request_does_not_fail_its_batch(engine, prompt):
+    ids, imgs = prompt
+
+    async def go():
+        return await asyncio.gather(engine.generate(ids, imgs, SamplingParams(temperature=0, max_new_tokens=4)),
+                                    engine.generate(ids, None, SamplingParams(temperature=0, max_new_tokens=4)),
+                                    engine.generate([], None, SamplingParams(max_new_tokens=4)))
+    ok, no_images, empty = asyncio.run(go())
+    assert ok.error is None and len(ok.token_ids) == 4
+    assert no_images.finish_reason == "error" and "image tokens but no images" in no_images.error
+    assert empty.finish_reason == "error" and "empty prompt" in empty.error
+
+
+def test_update_weights_changes_outputs_and_version(prompt, tiny_dir, tmp_path):
+    from paravt.models.tiny import build_tiny
+    engine = HFEngine.from_pretrained(tiny_dir)  # its own copy: the session model stays untouched
+    ids, imgs = prompt
+    p = SamplingParams(temperature=0, max_new_tokens=8)
+    before = asyncio.run(engine.generate(ids, imgs, p))
+    build_tiny(tmp_path / "other", seed=7)
+    asyncio.run(engine.update_weights(str(tmp_path / "other"), version=5))
+    after = asyncio.run(engine.generate(ids, imgs, p))
+    assert engine.weight_version == 5 and after.weight_version == 5 and after.token_ids != before.token_ids
+    asyncio.run(engine.update_weights(str(tiny_dir)))
+    assert asyncio.run(engine.generate(ids, imgs, p)).token_ids == before.token_ids and engine.weight_version == 6
+
+
+def test_sampling_params_validation():
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError):
+        SamplingParams(max_new_tokens=0)

@@ -1,0 +1,67 @@
+"""SGLang cannot run on CPU: its launcher command line and the request/response translation
+are checked against SGLang's documented native API (GenerateReqInput, sampling params,
+meta_info.output_token_logprobs = [logprob, token_id, text], finish_reason.type)."""
+
+import pytest
+from PIL import Image
+
+from paravt.engines.base import EngineError, SamplingParams
+from paravt.engines.images import ImageInputs
+from paravt.engines.sglang import (SGLangServerConfig, generate_payload, init_group_payload, launch_command,
+                                   parse_generate_response, update_distributed_payload, update_from_disk_payload)
+
+
+def test_launch_command_has_reference_settings():
+    cfg = SGLangServerConfig(model_path="/ckpt/step5", gpus=[7], port=31000, context_length=65536)
+    argv, env = launch_command(cfg)
+    assert argv[:3] == [".venv-sglang/bin/python", "-m", "sglang.launch_server"]
+    s = " ".join(argv)
+    for flag in ("--model-path /ckpt/step5", "--port 31000", "--tp-size 1", "--dtype bfloat16",
+                 "--mem-fraction-static 0.7", "--context-length 65536"):
+        assert flag in s
+    assert env == {"CUDA_VISIBLE_DEVICES": "7", "SGLANG_VLM_CACHE_SIZE_MB": "4096"}
+    with pytest.raises(ValueError, match="tp_size"):
+        SGLangServerConfig(model_path="m", gpus=[0, 1, 2], tp_size=2)
+    with pytest.raises(ValueError, match="model_path"):
+        launch_command(SGLangServerConfig())
+
+
+def test_generate_payload():
+    imgs = ImageInputs([Image.new("RGB", (32, 32), (255, 0, 0))])
+    p = generate_payload([5, 6, 7], imgs, SamplingParams(temperature=0.7, max_new_tokens=2048, seed=42, stop=["</answer>"]))
+    assert p["input_ids"] == [5, 6, 7] and p["return_logprob"] is True and p["stream"] is False
+    assert p["image_data"][0].startswith("data:image/png;base64,")
+    sp = p["sampling_params"]
+    assert sp["temperature"] == 0.7 and sp["max_new_tokens"] == 2048 and sp["sampling_seed"] == 42
+    assert sp["skip_special_tokens"] is False and sp["no_stop_trim"] is True and sp["stop"] == ["</answer>"]
+    assert "image_data" not in generate_payload([1], None, SamplingParams())
+
+
+def test_parse_generate_response():
+    resp = {"text": "<answer>B</answer>", "output_ids": [11, 12, 2],
+            "meta_info": {"finish_reason": {"type": "stop", "matched": 2}, "prompt_tokens": 900,
+                          "completion_tokens": 3, "weight_version": "4",
+                          "output_token_logprobs": [[-0.1, 11, None], [-0.2, 12, None], [-0.05, 2, None]]}}
+    out = parse_generate_response(resp)
+    assert out.token_ids == [11, 12, 2] and out.logprobs == [-0.1, -0.2, -0.05]
+    assert out.finish_reason == "stop" and out.weight_version == 4
+    resp["meta_info"]["finish_reason"] = {"type": "length", "length": 3}
+    assert parse_generate_response([resp]).finish_reason == "length"
+    resp["meta_info"]["finish_reason"] = {"type": "abort", "message": "oom"}
+    out = parse_generate_response(resp)
+    assert out.finish_reason == "error" and "oom" in out.error
+    with pytest.raises(EngineError):
+        parse_generate_response({"text": "x", "meta_info": {}})
+    with pytest.raises(ValueError):  # ids and logprobs must pair up
+        from paravt.engines.base import GenerationOutput
+        GenerationOutput([1, 2], [0.0], "stop")
+
+
+def test_weight_update_payloads():
+    assert update_from_disk_payload("/ckpt/step10", 10) == {"model_path": "/ckpt/step10", "weight_version": "10",
+                                                             "flush_cache": True}
+    g = init_group_payload("10.0.0.1", 29600, world_size=2)
+    assert g["rank_offset"] == 1 and g["world_size"] == 2 and g["backend"] == "nccl"
+    u = update_distributed_payload([("model.layers.0.mlp.up_proj.weight", "bfloat16", [384, 128])], 3)
+    assert u["names"] == ["model.layers.0.mlp.up_proj.weight"] and u["shapes"] == [[384, 128]]
+    assert u["dtypes"] == ["bfloat16"] and u["weight_version"] == "3"
