@@ -1,0 +1,115 @@
+"""Metrics logging shared by the stages: plain JSONL (always), wandb (offline by default) and
+PNG curves a person can look at."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLogger:
+    """Append one JSON line per step to ``path``; mirror to wandb when it can start.
+
+    On resume, lines with ``step >= resume_step`` are dropped first so the file never holds
+    two records of one step."""
+
+    def __init__(self, path: str | Path, enabled: bool = True, wandb_project: str | None = None,
+                 wandb_mode: str | None = None, run_name: str | None = None, config: dict | None = None,
+                 resume_step: int | None = None):
+        self.path = Path(path)
+        self.enabled = enabled
+        self._wandb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and self.path.exists():
+            keep = [ln for ln in self.path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("step", -1) < resume_step]
+            self.path.write_text("".join(k + "\n" for k in keep))
+        if wandb_project:
+            mode = os.environ.get("WANDB_MODE") or wandb_mode or "offline"
+            try:
+                import wandb  # noqa: PLC0415
+
+                self._wandb = wandb.init(project=wandb_project, name=run_name, mode=mode, config=config or {},
+                                         dir=str(self.path.parent), reinit="finish_previous")
+            except Exception as exc:  # noqa: BLE001 - logging must never stop training
+                log.warning("wandb disabled: %s", exc)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if not self.enabled:
+            return
+        rec = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self._wandb is not None:
+            try:
+                self._wandb.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=step)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("wandb log failed: %s", exc)
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            try:
+                self._wandb.finish()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+
+
+def plot_curves(jsonl: str | Path, keys: Iterable[str], out_png: str | Path, title: str = "",
+                smooth: int = 1) -> Path | None:
+    """One subplot per key (step on x); keys missing from the file are skipped."""
+    rows = read_jsonl(jsonl)
+    keys = [k for k in keys if any(r.get(k) is not None for r in rows)]
+    if not rows or not keys:
+        return None
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    n = len(keys)
+    cols = min(3, n)
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+    for ax, k in zip(axes.flat, keys):
+        pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, lw=1, alpha=0.5 if smooth > 1 else 1.0)
+        if smooth > 1 and len(ys) >= smooth:
+            sm = [sum(ys[max(0, i - smooth + 1): i + 1]) / len(ys[max(0, i - smooth + 1): i + 1]) for i in range(len(ys))]
+            ax.plot(xs, sm, lw=2)
+        ax.set_title(k, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Cold-start SFT.  bash scripts/run_sft.sh [RECIPE.yaml] [key=value ...]
+#   GPU node:  bash scripts/run_sft.sh configs/sft/qwen3vl_8b.yaml           (all GPUs of the node, FSDP2)
+#   multi-node: NNODES=2 NODE_RANK=0 MASTER_ADDR=host0 MASTER_PORT=29500 bash scripts/run_sft.sh ...
+#   CPU:       bash scripts/run_sft.sh configs/sft/tiny.yaml                  (NPROC=2 for two gloo processes)
+# Settings: python -m paravt.sft.train --help
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/_common.sh" sft
+cd "$ROOT"
+RECIPE="${1:-configs/sft/tiny.yaml}"; shift || true
+if [[ -z "${NPROC:-}" ]]; then
+  NPROC=$(python -c 'import torch; print(torch.cuda.device_count() or 1)')
+fi
+if [[ "$NPROC" == 1 && "${NNODES:-1}" == 1 ]]; then
+  exec python -m paravt.sft.train "$RECIPE" "$@"
+fi
+if [[ "${NNODES:-1}" == 1 ]]; then
+  exec torchrun --standalone --nproc_per_node="$NPROC" -m paravt.sft.train "$RECIPE" "$@"
+fi
+exec torchrun --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" --nproc_per_node="$NPROC" \
+  --master_addr="${MASTER_ADDR:?set MASTER_ADDR}" --master_port="${MASTER_PORT:-29500}" \
+  -m paravt.sft.train "$RECIPE" "$@"

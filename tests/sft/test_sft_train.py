@@ -1,0 +1,83 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from paravt.core.config import load_config
+from paravt.sft.train import SFTConfig, SFTTrainer
+
+
+def _cfg(world, tiny_dir, out, **kw):
+    over = [f"model_path={tiny_dir}", f"output_dir={out}", f"data.0.path={world}/local/paravt_sft_synth.parquet",
+            "max_length=1024", "logging.wandb_project=null", "logging.progress=false", "save_every=2"]
+    over += [f"{k}={v}" for k, v in kw.items()]
+    return load_config(SFTConfig, "configs/sft/tiny.yaml", over)
+
+
+def _weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_resume_gives_the_same_weights(world, tiny_dir, tmp_path):
+    straight = SFTTrainer(_cfg(world, tiny_dir, tmp_path / "a", max_steps=4))
+    straight.train()
+    half = SFTTrainer(_cfg(world, tiny_dir, tmp_path / "b", max_steps=4))
+    half.train(until=3)  # "crash" after step 3; the last checkpoint is step 2
+    assert (tmp_path / "b/checkpoints/step_000002/COMPLETE").exists()
+    assert not (tmp_path / "b/checkpoints/step_000003").exists()
+    resumed = SFTTrainer(_cfg(world, tiny_dir, tmp_path / "b", max_steps=4))
+    resumed.train()
+    assert resumed.step == 4
+    wa = _weights(tmp_path / "a/checkpoints/step_000004/hf")
+    wb = _weights(tmp_path / "b/checkpoints/step_000004/hf")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=1e-6), k
+    w0 = _weights(tiny_dir)
+    assert any(not torch.allclose(w0[k], wa[k]) for k in wa)  # training changed the weights
+    # metrics.jsonl has each step once, in order, after the resume
+    import json
+    steps = [json.loads(ln)["step"] for ln in (tmp_path / "b/metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]  # step 3 was redone after the resume, and logged once
+    assert (tmp_path / "b/loss_curve.png").stat().st_size > 1000
+    assert (tmp_path / "b/final/config.json").exists()
+
+
+def test_missing_shard_is_skipped_and_config_errors(world, tiny_dir, tmp_path):
+    cfg = _cfg(world, tiny_dir, tmp_path / "c", max_steps=1)
+    from paravt.sft.data import Shard
+    cfg.data.append(Shard(path=str(tmp_path / "nope.parquet"), name="missing"))
+    tr = SFTTrainer(cfg)
+    assert tr.data_report["missing_shards"] == [str(tmp_path / "nope.parquet")]
+    with pytest.raises(ValueError, match="model_path"):
+        SFTConfig(model_path="", data=[Shard(path="x")])
+    with pytest.raises(ValueError, match="strategy"):
+        load_config(SFTConfig, None, ["model_path=m", "data=[{path: x}]", "dist.strategy=horovod"])
+    with pytest.raises(Exception, match="not_a_key"):
+        load_config(SFTConfig, "configs/sft/tiny.yaml", ["not_a_key=1"])
+
+
+def test_help_lists_settings():
+    r = subprocess.run([sys.executable, "-m", "paravt.sft.train", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "optim.lr" in r.stdout and "dist.strategy" in r.stdout
+
+
+def test_two_process_gloo_fsdp2(world, tiny_dir, tmp_path):
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0" if False else "--standalone",
+           "-m", "paravt.sft.train", "configs/sft/tiny.yaml", f"model_path={tiny_dir}", f"output_dir={out}",
+           f"data.0.path={world}/local/paravt_sft_synth.parquet", "max_length=1024", "max_steps=2", "save_every=2",
+           "logging.wandb_project=null", "logging.progress=false"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+    rec = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in rec] == [1, 2] and all(x["loss"] > 0 for x in rec)
+    assert (out / "checkpoints/step_000002/rank1.pt").exists()  # both ranks saved their data cursor
+    from paravt.models.loading import load_model
+    m = load_model(out / "final")
+    assert sum(p.numel() for p in m.parameters()) > 1_000_000
