@@ -63,10 +63,8 @@ def load_processor(path: str | Path, min_pixels: int | None = None, max_pixels: 
         size = dict(getattr(ip, "size", {}) or {})
         if min_pixels is not None:
             size["shortest_edge"] = min_pixels
-            ip.min_pixels = min_pixels
         if max_pixels is not None:
             size["longest_edge"] = max_pixels
-            ip.max_pixels = max_pixels
         ip.size = size
     return proc
 
