@@ -194,3 +194,22 @@ def rule_accuracy(pred: str, gold, question_type: str, mode: str = "f1") -> floa
     if mode == "exact":
         return 0.0
     return token_f1(pred, gold_text)
+
+
+# ---------------------------------------------------------------------------------------
+# Format compliance of one main-agent turn (RL metric and eval metric)
+# ---------------------------------------------------------------------------------------
+
+def turn_well_formed(text: str) -> bool:
+    """A turn as written (forced ``<think>\n`` included) is well-formed when a closed think
+    block is followed by parseable tool calls (and no unparseable block) or a non-empty answer."""
+    from paravt.core.toolcall import parse_tool_calls  # noqa: PLC0415
+
+    if "<think>" not in text or "</think>" not in text or text.index("<think>") > text.index("</think>"):
+        return False
+    after = text.split("</think>", 1)[1]
+    parsed = parse_tool_calls(after)
+    if parsed.calls and not parsed.errors:
+        return True
+    m = _ANSWER_RE.search(after)
+    return bool(m and m.group(1).strip()) and not parsed.errors

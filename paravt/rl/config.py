@@ -1,0 +1,175 @@
+"""The typed RL recipe. Every knob of REFERENCE §2 has a field; the 8B recipes set the paper's
+values, the tiny ones the embedded default's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paravt.agent.tools import CropConfig
+from paravt.engines.sglang import SGLangServerConfig
+from paravt.models.loading import resolve_dtype
+from paravt.rl.gating import DEFAULT_CHOICES
+from paravt.rl.rewards.judge import JudgeConfig
+from paravt.rl.rewards.terms import RewardKnobs
+
+
+@dataclass
+class Constrained:
+    think_prefix: bool = True  # append "<think>\n" to every generation prompt
+    answer_suffix: bool = True  # format reward weighs the answer tags more
+
+
+@dataclass
+class Gating:
+    nframes_gating: bool = True  # K ~ Uniform(choices) per prompt; off -> hierarchical_agent.nframes
+    choices: list[int] = field(default_factory=lambda: list(DEFAULT_CHOICES))
+
+
+@dataclass
+class Anchoring:
+    weight: float = 0.5  # lambda_anchor
+
+
+@dataclass
+class RewardCfg:
+    mode: str = "f1"  # f1 | exact | llm
+    format_weight: float = 1.0
+    credit_executed_tools: bool = False  # see paravt.rl.rewards.terms (R_tool decision)
+
+    def __post_init__(self):
+        if self.mode not in ("f1", "exact", "llm"):
+            raise ValueError(f"paravt.reward.mode must be f1, exact or llm, got {self.mode!r}")
+
+
+@dataclass
+class ParaVTCfg:
+    constrained: Constrained = field(default_factory=Constrained)
+    gating: Gating = field(default_factory=Gating)
+    anchoring: Anchoring = field(default_factory=Anchoring)
+    reward: RewardCfg = field(default_factory=RewardCfg)
+
+    def knobs(self) -> RewardKnobs:
+        return RewardKnobs(answer_suffix=self.constrained.answer_suffix, anchor_weight=self.anchoring.weight,
+                           mode=self.reward.mode, format_weight=self.reward.format_weight,
+                           credit_executed_tools=self.reward.credit_executed_tools)
+
+
+@dataclass
+class AgentCfg:
+    nframes: int = 64  # overview frames when gating is off
+    prompt_mode: str = "agentic_general"
+    max_turns: int = 3
+    max_parallel: int = 5
+    max_new_tokens: int = 2048
+    max_context_tokens: int = 32768
+    include_subagent_in_loss: bool = False
+    crop: CropConfig = field(default_factory=CropConfig)
+
+
+@dataclass
+class GRPOCfg:
+    n_samples: int = 8
+    prompts_per_step: int = 7
+    temperature: float = 0.7
+    top_p: float = 1.0
+    reward_bias: float = -0.2
+    reward_scale: float = 10.0
+    group_norm: bool = True
+    batch_adv_norm: bool = True
+    clip_eps: float = 0.2
+    kl_coef: float = 0.01
+    behav_imp_weight_cap: float | None = 5.0
+    ppo_minibatches: int = 1
+    max_staleness: int = 2  # rollouts may be this many policy versions old (0 = synchronous)
+
+    def __post_init__(self):
+        if self.n_samples < 2:
+            raise ValueError("grpo.n_samples must be >= 2 (group normalisation needs a group)")
+        if self.ppo_minibatches < 1 or self.max_staleness < 0:
+            raise ValueError("grpo.ppo_minibatches >= 1 and grpo.max_staleness >= 0 required")
+
+
+@dataclass
+class OptimCfg:
+    lr: float = 2e-6
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+
+
+@dataclass
+class RolloutCfg:
+    engine: str = "hf"  # hf (in-process, embedded default) | hf_server (HTTP, CPU) | sglang (GPU server)
+    weight_sync: str = "disk"  # disk | nccl (sglang only) ; the in-process engine takes the state dict
+    server: SGLangServerConfig = field(default_factory=SGLangServerConfig)
+    batch_wait_s: float = 0.03
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.engine not in ("hf", "hf_server", "sglang"):
+            raise ValueError(f"rollout.engine must be hf, hf_server or sglang, got {self.engine!r}")
+        if self.weight_sync not in ("disk", "nccl"):
+            raise ValueError(f"rollout.weight_sync must be disk or nccl, got {self.weight_sync!r}")
+
+
+@dataclass
+class TrainerCfg:
+    strategy: str = "fsdp2"  # fsdp2 | none
+    dtype: str = "bfloat16"
+    attn_implementation: str | None = None
+    gradient_checkpointing: bool = True
+
+    def __post_init__(self):
+        resolve_dtype(self.dtype)
+        if self.strategy not in ("fsdp2", "none"):
+            raise ValueError(f"trainer.strategy must be fsdp2 or none, got {self.strategy!r}")
+
+
+@dataclass
+class LogCfg:
+    wandb_project: str | None = "paravt-rl"
+    wandb_mode: str = "offline"
+    progress: bool = True
+    save_trajectories: int = 2  # episodes per step written to trajectories.jsonl (redacted)
+
+
+@dataclass
+class RLConfig:
+    model_path: str = "???"
+    ref_model_path: str | None = None  # default: model_path
+    output_dir: str = "runs/rl"
+    train_data: list[str] = field(default_factory=list)
+    data_root: str = ""
+    max_steps: int = 54
+    save_every: int = 5
+    keep_last: int = 2
+    seed: int = 0
+    resume: str = "auto"  # auto | never | <checkpoint dir>
+    paravt: ParaVTCfg = field(default_factory=ParaVTCfg)
+    hierarchical_agent: AgentCfg = field(default_factory=AgentCfg)
+    grpo: GRPOCfg = field(default_factory=GRPOCfg)
+    optim: OptimCfg = field(default_factory=OptimCfg)
+    rollout: RolloutCfg = field(default_factory=RolloutCfg)
+    trainer: TrainerCfg = field(default_factory=TrainerCfg)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    logging: LogCfg = field(default_factory=LogCfg)
+
+    def __post_init__(self):
+        if self.model_path in ("", "???"):
+            raise ValueError("model_path is required (the SFT checkpoint directory)")
+        if not self.train_data:
+            raise ValueError("train_data: give at least one RL parquet")
+        if self.data_root:
+            from pathlib import Path  # noqa: PLC0415
+
+            self.train_data = [p if Path(p).is_absolute() else str(Path(self.data_root) / p) for p in self.train_data]
+        if self.max_steps < 1 or self.save_every < 1:
+            raise ValueError("max_steps and save_every must be >= 1")
+
+    def check_world_size(self, trainer_world_size: int) -> None:
+        """The batch must divide evenly over the trainer ranks (REFERENCE §2: 7 prompts, 7 trainer GPUs)."""
+        if self.grpo.prompts_per_step % trainer_world_size:
+            raise ValueError(
+                f"grpo.prompts_per_step={self.grpo.prompts_per_step} must be a multiple of the trainer world size "
+                f"{trainer_world_size} (e.g. 7 prompts on 7 trainer GPUs + 1 rollout GPU); change one of them")

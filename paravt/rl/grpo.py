@@ -1,0 +1,109 @@
+"""PARA-GRPO: advantages and the policy loss, as functions of plain tensors.
+
+Where this departs from plain GRPO (group-normalised outcome reward, clipped surrogate,
+KL to a reference), every item a setting of the recipe:
+
+1. **Reward** = R_acc + format_weight · R_fmt + R_tool (:mod:`paravt.rl.rewards`), with the
+   format reward anchored at the structural tokens (``anchoring.weight``, ``answer_suffix``)
+   and scored on the turns *including* the forced ``<think>\\n`` (``think_prefix``).
+2. **nFrames gating**: each prompt's overview budget K ~ Uniform{4,8,16,32,64}, the same K for
+   its n rollouts (:mod:`paravt.rl.gating`), so tool calls earn credit where the overview is
+   too sparse; off → K = 64.
+3. **Multi-turn, multi-agent rollouts**: the loss covers only main-agent tokens (tool
+   responses, templates, prompts masked); sub-agent trajectories are optional extra samples
+   with their episode's advantage (``include_subagent_in_loss``).
+4. **Reward shaping** before normalisation: (r + bias) · scale (bias −0.2, scale 10), then
+   group mean/std normalisation, then advantage normalisation over the whole batch.
+5. **Decoupled PPO loss** (asynchronous rollouts up to ``max_staleness`` versions old):
+   the ratio is taken against the *proximal* policy (log-probs recomputed by the current
+   weights before the update) and each token is weighted by the behaviour importance weight
+   exp(logp_prox − logp_behav) against the engine's log-probs; tokens whose weight exceeds
+   ``behav_imp_weight_cap`` (5) are dropped from the loss.
+6. **Token-level aggregation**: the loss is summed over every policy token of the batch and
+   divided by their total count (across ranks), not averaged per sequence first.
+7. KL to the frozen reference with the k3 estimator, coefficient 0.01, inside the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+def shape_rewards(rewards: torch.Tensor, bias: float = -0.2, scale: float = 10.0) -> torch.Tensor:
+    return (rewards + bias) * scale
+
+
+def group_normalize(rewards: torch.Tensor, group_ids: Sequence[int], eps: float = 1e-6,
+                    use_std: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, per-sample zero-std flag): (r − mean_g) / (std_g + eps) within each group."""
+    gid = torch.as_tensor(list(group_ids))
+    adv = torch.zeros_like(rewards, dtype=torch.float64)
+    zero = torch.zeros_like(rewards, dtype=torch.bool)
+    for g in gid.unique():
+        m = gid == g
+        r = rewards[m].double()
+        std = r.std(unbiased=False) if r.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+        centred = r - r.mean()
+        adv[m] = centred / (std + eps) if use_std else centred
+        zero[m] = bool(std < 1e-8)
+    return adv.to(rewards.dtype), zero
+
+
+def batch_normalize(adv: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    if adv.numel() < 2:
+        return adv
+    std = adv.std(unbiased=False)
+    return (adv - adv.mean()) / (std + eps) if std > eps else adv - adv.mean()
+
+
+def compute_advantages(rewards: Sequence[float], group_ids: Sequence[int], bias: float = -0.2, scale: float = 10.0,
+                       group_norm: bool = True, batch_norm: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
+    r = shape_rewards(torch.tensor(list(rewards), dtype=torch.float64), bias, scale)
+    adv, zero = group_normalize(r, group_ids, use_std=group_norm)
+    if batch_norm:
+        adv = batch_normalize(adv)
+    return adv.float(), {"frac_reward_zero_std": float(zero.float().mean()) if zero.numel() else 0.0}
+
+
+@dataclass
+class LossOutput:
+    loss_sum: torch.Tensor  # summed over the policy tokens of this micro-batch (divide by the global count)
+    n_tokens: int
+    clipped: int
+    dropped: int  # tokens over the behaviour-weight cap
+    kl_sum: float
+    ratio_sum: float
+
+
+def ppo_token_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behav_logp: torch.Tensor, ref_logp: torch.Tensor | None,
+                   adv: torch.Tensor, mask: torch.Tensor, clip_eps: float = 0.2, kl_coef: float = 0.01,
+                   behav_cap: float | None = 5.0) -> LossOutput:
+    """Decoupled clipped surrogate + k3 KL, summed over masked tokens.
+
+    All tensors are per token (same shape); ``adv`` is broadcast per sequence by the caller."""
+    mask = mask.bool()
+    ratio = torch.exp(logp - prox_logp)
+    surr1 = ratio * adv
+    surr2 = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    pg = -torch.minimum(surr1, surr2)
+    keep = mask.clone()
+    dropped = 0
+    if behav_cap is not None:
+        w = torch.exp(prox_logp - behav_logp).detach()
+        over = (w > behav_cap) & mask
+        dropped = int(over.sum())
+        keep = keep & ~over
+        pg = pg * w
+    loss = pg
+    kl_sum = 0.0
+    if ref_logp is not None and kl_coef > 0:
+        d = ref_logp - logp
+        kl = torch.exp(d) - d - 1  # k3: unbiased, non-negative
+        loss = loss + kl_coef * kl
+        kl_sum = float((kl.detach() * keep).sum())
+    clipped = int(((((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + clip_eps) & (adv > 0))) & keep).sum())
+    return LossOutput((loss * keep).sum(), int(keep.sum()), clipped, dropped, kl_sum,
+                      float((ratio.detach() * keep).sum()))

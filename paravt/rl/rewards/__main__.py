@@ -1,0 +1,65 @@
+"""Score completions offline under a recipe's ``paravt:`` block.
+
+    python -m paravt.rl.rewards --recipe configs/rl/paragrpo_8b.yaml --jsonl IN.jsonl [--no-answer-suffix]
+        [--anchor-weight 0] [--mode exact] [--format-weight 1.0]
+
+Each input line: ``{"completion": ..., "answer": ..., "question_type": "mcq"|"tvg"|"oe"}``.
+Each output line: ``{"total", "acc", "format", "tool"}`` (plus ``"error"`` for a bad line,
+which is reported with its line number; the others are still scored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from paravt.rl.rewards.terms import RewardKnobs, compute_reward
+
+
+def knobs_from_recipe(path: str | None) -> RewardKnobs:
+    """The recipe's ``paravt:`` block, composed like the trainer does (Hydra defaults included)."""
+    if not path:
+        return RewardKnobs()
+    from paravt.core.config import load_config  # noqa: PLC0415
+    from paravt.rl.config import RLConfig  # noqa: PLC0415
+
+    return load_config(RLConfig, path).paravt.knobs()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m paravt.rl.rewards", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipe", help="RL recipe YAML whose paravt: block sets the knobs")
+    ap.add_argument("--jsonl", required=True, help="input lines {completion, answer, question_type} ('-' = stdin)")
+    ap.add_argument("--answer-suffix", dest="answer_suffix", action="store_true", default=None)
+    ap.add_argument("--no-answer-suffix", dest="answer_suffix", action="store_false")
+    ap.add_argument("--anchor-weight", type=float)
+    ap.add_argument("--mode", choices=["f1", "exact", "llm"])
+    ap.add_argument("--format-weight", type=float)
+    a = ap.parse_args(argv)
+    k = knobs_from_recipe(a.recipe)
+    over = {"answer_suffix": a.answer_suffix, "anchor_weight": a.anchor_weight, "mode": a.mode,
+            "format_weight": a.format_weight}
+    k = RewardKnobs(**{**k.__dict__, **{n: v for n, v in over.items() if v is not None}})
+    judge = None
+    if k.mode == "llm":
+        print("note: no judge configured for the CLI; llm mode falls back to F1", file=sys.stderr)
+    src = sys.stdin if a.jsonl == "-" else open(a.jsonl)
+    bad = 0
+    with src:
+        for i, line in enumerate(src, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                r = compute_reward(rec["completion"], rec["answer"], rec.get("question_type", "oe"), k, judge)
+                out = {"total": r.total, "acc": r.acc, "format": r.format, "tool": r.tool}
+            except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
+                bad += 1
+                out = {"total": None, "acc": None, "format": None, "tool": None, "error": f"line {i}: {exc}"}
+            print(json.dumps(out))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# PARA-GRPO RL.  bash scripts/run_rl.sh [RECIPE.yaml] [key=value ...]
+#   GPU node (8 GPUs): bash scripts/run_rl.sh configs/rl/paragrpo_8b.yaml
+#       the recipe's rollout.server.gpus (default [7]) run SGLang; the other GPUs train (FSDP2).
+#   CPU: bash scripts/run_rl.sh configs/rl/tiny.yaml            (NPROC=2 for two gloo trainer processes)
+# torchrun restarts crashed workers (MAX_RESTARTS, default 3); resume=auto continues from the
+# newest complete checkpoint, so only the step in flight is lost.  Settings: python -m paravt.rl.train --help
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/_common.sh" rl
+cd "$ROOT"
+RECIPE="${1:-configs/rl/tiny.yaml}"; shift || true
+MAX_RESTARTS="${MAX_RESTARTS:-3}"
+read -r NGPU ROLLOUT_GPUS < <(python - "$RECIPE" "$@" <<'PY'
+import sys, torch
+from paravt.core.config import load_config
+from paravt.rl.config import RLConfig
+cfg = load_config(RLConfig, sys.argv[1], sys.argv[2:])
+gpus = cfg.rollout.server.gpus if cfg.rollout.engine == "sglang" else []
+print(torch.cuda.device_count(), ",".join(map(str, gpus)) or "-")
+PY
+)
+if [[ "$NGPU" -gt 0 ]]; then
+  # trainer ranks get every GPU that is not a rollout GPU
+  TRAIN_GPUS=$(python -c "import sys; r=set('$ROLLOUT_GPUS'.split(',')) if '$ROLLOUT_GPUS'!='-' else set(); print(','.join(str(i) for i in range($NGPU) if str(i) not in r))")
+  NPROC="${NPROC:-$(awk -F, '{print NF}' <<<"$TRAIN_GPUS")}"
+  # the SGLang server is launched by rank 0 with its own CUDA_VISIBLE_DEVICES (rollout.server.gpus)
+  exec env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun --standalone --max-restarts="$MAX_RESTARTS" \
+    --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
+fi
+NPROC="${NPROC:-1}"
+exec torchrun --standalone --max-restarts="$MAX_RESTARTS" --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"

@@ -1,0 +1,114 @@
+"""Reward terms against cases computed by hand from REFERENCE §2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paravt.rl.rewards import RewardKnobs, compute_reward, degenerate, format_reward, tool_reward
+from paravt.rl.rewards.terms import accuracy
+
+CALL = '<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 0, "end_time": 30}}\n</tool_call>'
+DIRECT = "<think>\nThe circle is red in the overview.\n</think>\n<answer>B</answer>"
+TOOL_ONLY = "<think>\nNot visible, checking two windows.\n</think>\n" + CALL
+MULTI = TOOL_ONLY + "\n" + "<think>\nThe circle is red.\n</think>\n<answer>B</answer>"
+PARA = RewardKnobs()
+VANILLA = RewardKnobs.vanilla()
+
+
+@pytest.mark.parametrize("text,knobs,expected", [
+    # answer_suffix on, anchor 0.5: 0.2 + 0.3 + 0.2 + 0.5*(0.4+0.3) + 0.1 = 1.15 -> cap 1
+    (DIRECT, PARA, 1.0),
+    # answer_suffix off, anchor off: 0.3 + 0.2 + 0.1 + 0.1 (balanced) = 0.7
+    (DIRECT, RewardKnobs(answer_suffix=False, anchor_weight=0.0), 0.7),
+    # answer_suffix on, anchor off: 0.2 + 0.3 + 0.2 + 0.1 = 0.8
+    (DIRECT, RewardKnobs(anchor_weight=0.0), 0.8),
+    # tool turn, PARA: 0.2 + 0.5*0.4 + 0.3 (think before call) + 0.1 = 0.8
+    (TOOL_ONLY, PARA, 0.8),
+    # tool turn, vanilla shape: 0.3 + 0.3 + 0.1 = 0.7
+    (TOOL_ONLY, RewardKnobs(answer_suffix=False, anchor_weight=0.0), 0.7),
+    # unclosed think: 0.5 * (-0.3) -> clipped at 0
+    ("<think>\nI think it is red but", PARA, 0.0),
+    # the published bug: scoring without the forced "<think>\n" loses think/anchor/balance credit
+    ("The circle is red in the overview.\n</think>\n<answer>B</answer>", PARA, 0.5),
+    # empty answer body earns nothing for the answer tags: 0.2 + 0.5*0.4 + 0.1
+    ("<think>\nThe circle is red here.\n</think>\n<answer> </answer>", PARA, 0.5),
+    # a short think (< 10 chars) is not substantive: answer 0.5 + 0.1 balanced, no anchor
+    ("<think>\nred\n</think>\n<answer>B</answer>", PARA, 0.6),
+])
+def test_format_reward(text, knobs, expected):
+    assert format_reward(text, knobs.answer_suffix, knobs.anchor_weight) == pytest.approx(expected)
+
+
+def test_compose_direct_multiturn_and_tool_only():
+    r = compute_reward(DIRECT, "B", "mcq", PARA)
+    assert (r.acc, r.format, r.tool, r.total) == (1.0, 1.0, 0.0, 2.0)
+    r = compute_reward(MULTI, "B", "mcq", PARA)  # cap 1 on format, tool 0.1 + 0.5
+    assert (r.acc, r.format, r.tool) == (1.0, 1.0, pytest.approx(0.6)) and r.total == pytest.approx(2.6)
+    r = compute_reward(TOOL_ONLY, "B", "mcq", PARA)  # no answer: acc 0, tool 0.1
+    assert (r.acc, r.tool) == (0.0, pytest.approx(0.1)) and r.total == pytest.approx(0.9)
+    r = compute_reward(MULTI, "B", "mcq", VANILLA)  # vanilla: format weight 0
+    assert r.total == pytest.approx(1.6) and r.format == pytest.approx(1.0)  # 0.3+0.2+0.1+0.3 think-before-call+0.1
+
+
+def test_tool_reward_levels():
+    assert tool_reward(DIRECT, 1.0) == 0.0
+    assert tool_reward(TOOL_ONLY, 0.0) == pytest.approx(0.1)
+    assert tool_reward(TOOL_ONLY, 0.4) == pytest.approx(0.6)
+    assert tool_reward(TOOL_ONLY + "<tool_response>\nx\n</tool_response>", 0.0) == pytest.approx(0.3)
+    assert tool_reward(TOOL_ONLY, 1.0, executed_tool=True, credit_executed_tools=True) == pytest.approx(0.8)
+    assert tool_reward(TOOL_ONLY, 1.0, executed_tool=True) == pytest.approx(0.6)  # off by default
+    assert tool_reward("<think>x</think><tool_call>{broken</tool_call>", 1.0) == 0.0
+
+
+def test_accuracy_per_question_type():
+    tvg = "<think>\nSeen from 35 to 39 seconds.\n</think>\n<answer>[35.0, 39.0]</answer>"
+    assert accuracy(tvg, "[36.0, 40.0]", "tvg") == pytest.approx(0.6)
+    assert compute_reward(tvg, "[36.0, 40.0]", "tvg", PARA).total == pytest.approx(1.6)
+    assert accuracy("<answer>The answer is (C)</answer>", "C", "mcq") == 1.0
+    assert accuracy("<answer>the Red.</answer>", "red", "oe", "exact") == 1.0
+    assert accuracy("<answer>red circle</answer>", "red", "oe", "exact") == 0.0
+    assert accuracy("<answer>red circle</answer>", "red", "oe", "f1") == pytest.approx(2 / 3)
+    # unclosed think: the last plain line is the answer; F1 with 'red' = 2/7
+    r = compute_reward("<think>\nI think it is red but", "red", "oe", PARA)
+    assert r.acc == pytest.approx(2 / 7) and r.format == 0.0 and r.total == pytest.approx(2 / 7)
+
+
+def test_llm_mode_uses_the_judge_and_falls_back_to_f1():
+    text = "<answer>a crimson circle</answer>"
+    assert accuracy(text, "red circle", "oe", "llm", judge=lambda p, g: 1.0) == 1.0
+    def broken(p, g):
+        raise TimeoutError("judge down")
+    assert accuracy(text, "red circle", "oe", "llm", judge=broken) == pytest.approx(0.5)  # F1 of "crimson circle" vs "red circle"
+    assert accuracy(text, "red circle", "oe", "llm", judge=lambda p, g: 7) == pytest.approx(0.5)  # invalid score
+    assert accuracy("<answer>B</answer>", "B", "mcq", "llm", judge=broken) == 1.0  # mcq never asks the judge
+
+
+def test_guard():
+    spam = "<|im_start|>user\nhi<|im_end|>\n" * 5
+    assert degenerate(spam) and not degenerate(DIRECT)
+    assert not degenerate(("<|im_start|>" + "x" * 100) * 5)  # five, but spread over > 300 characters
+    r = compute_reward(spam + "<answer>B</answer>", "B", "mcq", PARA)
+    assert r.guarded and r.total == r.acc == r.format == r.tool == 0.0
+
+
+def test_cli(tmp_path):
+    lines = [{"completion": DIRECT, "answer": "B", "question_type": "mcq"},
+             {"completion": TOOL_ONLY, "answer": "B", "question_type": "mcq"}]
+    f = tmp_path / "in.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "paravt.rl.rewards", "--jsonl", str(f), *a],
+                                    capture_output=True, text=True)
+    r = run("--recipe", "configs/rl/paragrpo_8b.yaml")
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert out[0] == {"total": 2.0, "acc": 1.0, "format": 1.0, "tool": 0.0}
+    assert out[1]["total"] == pytest.approx(0.9)
+    r = run("--recipe", "configs/rl/vanilla_grpo_8b.yaml")
+    assert [json.loads(x)["total"] for x in r.stdout.splitlines()] == [1.0, pytest.approx(0.1)]
+    r = run("--recipe", "configs/rl/paragrpo_8b.yaml", "--anchor-weight", "0", "--no-answer-suffix")
+    assert json.loads(r.stdout.splitlines()[0])["format"] == pytest.approx(0.7)
+    f.write_text("not json\n" + json.dumps(lines[0]) + "\n")
+    r = run()
+    assert r.returncode == 1 and "line 1" in r.stdout.splitlines()[0] and json.loads(r.stdout.splitlines()[1])["total"] == 2.0
