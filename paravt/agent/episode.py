@@ -58,6 +58,7 @@ class EpisodeConfig:
     final_turn_prompt: str | None = None  # eval: a user message forcing the answer at the last turn
     final_turn_max_tokens: int | None = None
     sequential_tools: bool = False  # ablation/benchmark: run a turn's calls one after another
+    overview_channel: str = "image_url"  # image_url: frames decoded here; video_url: a chat server decodes the video
 
     def __post_init__(self):
         if isinstance(self.crop, dict):
@@ -137,6 +138,15 @@ class OverviewCache:
 
 def build_overview(sample: EpisodeSample, k: int, cfg: EpisodeConfig, processor, tool_schemas) -> Overview:
     duration = sample.duration if sample.duration else probe(sample.video_path).duration
+    if cfg.overview_channel == "video_url":  # server-side decode (eval against SGLang / vLLM)
+        if processor is not None:
+            raise ValueError("overview_channel=video_url needs a chat engine (the server decodes the video)")
+        messages = prompts.build_messages(cfg.prompt_mode, sample.question, [], Path(sample.video_path).name,
+                                          duration, tool_schemas if cfg.agentic else None, cfg.prompt_dir)
+        video = {"type": "video_url", "video_url": {"url": "file://" + str(Path(sample.video_path).resolve())},
+                 "nframes": k}
+        messages[1]["content"].insert(1, video)
+        return Overview([], messages, None, None, float(duration))
     frames = sample_overview(sample.video_path, k, 32, cfg.overview_min_pixels, cfg.overview_max_pixels)
     messages = prompts.build_messages(cfg.prompt_mode, sample.question, frames, Path(sample.video_path).name,
                                       duration, tool_schemas if cfg.agentic else None, cfg.prompt_dir)

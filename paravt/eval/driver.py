@@ -1,0 +1,356 @@
+"""Benchmark eval driver: ``python -m paravt.eval.driver [RECIPE.yaml] [key=value ...]``.
+
+For each split: load the publisher's files (:mod:`paravt.eval.splits`), run every sample
+through the **same episode function as RL** (:func:`paravt.agent.episode.run_episode`) in its
+eval-style tool mode (crop frames go straight back to the main agent; greedy; ``max_turns``
+rounds; at most ``max_parallel`` calls per turn; a forcing message at the last turn), score it
+with the shared scorer, and append the result to ``<out>/<row>/<channel>/<split>.jsonl`` as
+soon as it finishes. A rerun skips finished samples; summaries are written atomically
+(``<split>.json``, ``summary_all.json``, ``summary.md``). ``shard_id/num_shards`` split a
+dataset across processes; ``limit`` caps it; ``save_trajectory`` keeps every turn with
+images replaced by "<N frame(s) omitted>". One bad sample records an error; the run goes on.
+
+Backends: ``backend=hf`` (in-process engine, the embedded default) or ``backend=openai`` (an
+OpenAI-compatible server: SGLang or vLLM; ``server.launch=sglang`` starts ``server.replicas``
+SGLang servers, health-checks them and restarts them between datasets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
+from paravt.agent.tools import CropConfig
+from paravt.core.config import parse_cli
+from paravt.core.prompts import AGENTIC_MODES
+from paravt.core.scoring import (extract_answer, extract_span, mcq_correct, recall_at, rule_accuracy, temporal_iou,
+                                 turn_well_formed)
+from paravt.eval.splits import SPLITS, EvalSample, load_split, read_srt
+
+log = logging.getLogger("paravt.eval")
+
+FORCE_MCQ = "Time is up. Answer now with only the letter of the correct option."
+FORCE_TVG = "Time is up. Answer now with the time span only, as 'X.X - Y.Y seconds'."
+
+
+@dataclass
+class ServerCfg:
+    launch: str = "none"  # none | sglang
+    urls: list[str] = field(default_factory=list)  # existing servers (round-robin)
+    model_name: str = "default"
+    replicas: int = 1
+    base_port: int = 30000
+    gpus_per_replica: int = 1
+    restart_between_datasets: bool = True
+    python: str = ".venv-sglang/bin/python"
+
+
+@dataclass
+class EvalConfig:
+    model: str = "???"  # checkpoint dir or hub id (hf backend / server launch)
+    row: str = "model"  # the Table-1 row name used in the output path
+    backend: str = "hf"  # hf | openai
+    prompt_mode: str = "agentic_general"
+    channel: str = "image_url"  # image_url (client-side frames) | video_url (server-side decode)
+    splits: list[str] = field(default_factory=lambda: ["synthetic"])
+    data_root: str = "data/benchmarks"
+    split_paths: dict[str, str] = field(default_factory=dict)
+    out: str = "runs/eval"
+    nframes: int = 64
+    max_turns: int = 3
+    max_parallel: int = 5
+    max_new_tokens: int = 2048
+    temperature: float = 0.0
+    think_prefix: bool = True
+    final_answer_tokens_mcq: int = 64
+    final_answer_tokens_tvg: int = 128
+    crop: CropConfig = field(default_factory=lambda: CropConfig(mode="frames"))
+    concurrency: int = 8
+    shard_id: int = 0
+    num_shards: int = 1
+    limit: int | None = None
+    save_trajectory: bool = False
+    retries: int = 3
+    dtype: str = "float32"
+    server: ServerCfg = field(default_factory=ServerCfg)
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.model in ("", "???") and self.backend == "hf":
+            raise ValueError("model is required")
+        if self.backend not in ("hf", "openai"):
+            raise ValueError(f"backend must be hf or openai, got {self.backend!r}")
+        if self.channel not in ("image_url", "video_url"):
+            raise ValueError(f"channel must be image_url or video_url, got {self.channel!r}")
+        if self.channel == "video_url" and self.backend == "hf":
+            raise ValueError("channel=video_url needs a server that decodes video (backend=openai)")
+        if not 0 <= self.shard_id < self.num_shards:
+            raise ValueError(f"shard_id {self.shard_id} not in [0, num_shards={self.num_shards})")
+        unknown = [s for s in self.splits if s not in SPLITS]
+        if unknown:
+            raise ValueError(f"unknown splits {unknown}; known: {sorted(SPLITS)}")
+
+    @property
+    def agentic(self) -> bool:
+        return self.prompt_mode in AGENTIC_MODES or self.prompt_mode.startswith("agentic")
+
+
+def episode_config(cfg: EvalConfig, qtype: str) -> EpisodeConfig:
+    agentic = cfg.agentic
+    force = FORCE_TVG if qtype == "tvg" else FORCE_MCQ if qtype == "mcq" else None
+    return EpisodeConfig(
+        prompt_mode=cfg.prompt_mode, tools=["crop_video"] if agentic else [], max_turns=cfg.max_turns if agentic else 0,
+        max_parallel=cfg.max_parallel, overview_channel=cfg.channel, think_prefix=cfg.think_prefix and cfg.prompt_mode != "direct",
+        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, crop=cfg.crop,
+        final_turn_prompt=force if agentic else None,
+        final_turn_max_tokens=(cfg.final_answer_tokens_tvg if qtype == "tvg" else cfg.final_answer_tokens_mcq)
+        if agentic and force else None)
+
+
+def score(sample: EvalSample, completion: str) -> dict[str, Any]:
+    """Shared scorer; every record gets ``score`` (correct for mcq/oe, IoU for tvg)."""
+    pred = extract_answer(completion)
+    if sample.question_type == "tvg":
+        span = extract_span(pred) or extract_span(completion.rsplit("</think>", 1)[-1])
+        iou = temporal_iou(span, sample.answer)
+        return {"pred": pred, "pred_span": span, "iou": iou, "score": iou}
+    if sample.question_type == "mcq":
+        c = mcq_correct(pred, str(sample.answer))
+    else:
+        c = rule_accuracy(pred, sample.answer, sample.question_type, "f1")
+    return {"pred": pred, "correct": c, "score": c}
+
+
+def summarize(records: list[dict[str, Any]], metric: str = "accuracy") -> dict[str, Any]:
+    done = [r for r in records if not r.get("missing_video") and not r.get("error")]
+    n = len(done)
+    out: dict[str, Any] = {"n": len(records), "evaluated": n,
+                           "missing_video": sum(bool(r.get("missing_video")) for r in records),
+                           "errors": sum(bool(r.get("error")) for r in records)}
+    cls = [r for r in done if r["question_type"] != "tvg"]
+    tvg = [r for r in done if r["question_type"] == "tvg"]
+    if cls:
+        out["accuracy"] = sum(r["correct"] for r in cls) / len(cls)
+        n_cls_all = sum(r["question_type"] != "tvg" for r in records)
+        out["accuracy_missing_as_wrong"] = sum(r["correct"] for r in cls) / max(n_cls_all, 1)
+    if tvg:
+        ious = [r["iou"] for r in tvg]
+        out["mIoU"] = sum(ious) / len(ious)
+        out.update(recall_at(ious))
+    out["score"] = sum(r["score"] for r in done) / n if n else 0.0
+    out["avg_tool_calls"] = sum(r["tool_calls"] for r in done) / n if n else 0.0
+    out["tool_usage_rate"] = sum(r["tool_calls"] > 0 for r in done) / n if n else 0.0
+    out["format_compliance"] = sum(r.get("well_formed", False) for r in done) / n if n else 0.0
+    for key in ("question_type", "duration_bucket", "task"):
+        groups = defaultdict(list)
+        for r in done:
+            if r.get(key):
+                groups[r[key]].append(r)
+        if len(groups) > 1 or (groups and key != "question_type"):
+            out[f"by_{key}"] = {g: {"n": len(v), "score": sum(x["score"] for x in v) / len(v)}
+                                for g, v in sorted(groups.items())}
+    return out
+
+
+def _atomic_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+class Evaluator:
+    def __init__(self, cfg: EvalConfig):
+        self.cfg = cfg
+        self.root = Path(cfg.out) / cfg.row / cfg.channel
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.engine = None
+        self.processor = None
+        self.servers: list = []
+
+    # ------------------------------------------------------------------ engines
+    def _start(self) -> None:
+        cfg = self.cfg
+        if cfg.backend == "hf":
+            if self.engine is None:
+                from paravt.engines.hf import HFEngine  # noqa: PLC0415
+                self.engine = HFEngine.from_pretrained(cfg.model, dtype=cfg.dtype)
+                self.processor = self.engine.processor
+            return
+        from paravt.engines.openai import OpenAIEngine  # noqa: PLC0415
+        urls = list(cfg.server.urls)
+        if cfg.server.launch == "sglang":
+            from paravt.engines.sglang import SGLangServer, SGLangServerConfig  # noqa: PLC0415
+            for i in range(cfg.server.replicas):
+                g = cfg.server.gpus_per_replica
+                scfg = SGLangServerConfig(model_path=cfg.model, python=cfg.server.python, port=cfg.server.base_port + i,
+                                          gpus=list(range(i * g, (i + 1) * g)), tp_size=g,
+                                          log_file=str(self.root / f"sglang_{i}.log"))
+                self.servers.append(SGLangServer(scfg).start())
+                urls.append(scfg.url)
+        if not urls:
+            raise ValueError("backend=openai needs server.urls or server.launch=sglang")
+        self.engine = [OpenAIEngine(u, model=cfg.server.model_name, max_retries=cfg.retries) for u in urls]
+        if self.processor is None and cfg.model not in ("", "???") and Path(cfg.model).exists():
+            from paravt.models.loading import load_processor  # noqa: PLC0415
+            self.processor = load_processor(cfg.model)
+
+    def _stop_servers(self) -> None:
+        for s in self.servers:
+            s.stop()
+        self.servers = []
+
+    def _engine_for(self, i: int):
+        return self.engine[i % len(self.engine)] if isinstance(self.engine, list) else self.engine
+
+    # ------------------------------------------------------------------ one split
+    def _load(self, split: str) -> list[EvalSample]:
+        samples = load_split(split, self.cfg.data_root, self.cfg.split_paths.get(split))
+        samples = samples[self.cfg.shard_id::self.cfg.num_shards]
+        return samples[: self.cfg.limit] if self.cfg.limit else samples
+
+    async def _one(self, i: int, s: EvalSample, cache: OverviewCache) -> dict[str, Any]:
+        cfg = self.cfg
+        rec: dict[str, Any] = {"id": s.id, "split": s.split, "question_type": s.question_type, "answer": s.answer,
+                               "duration_bucket": s.duration_bucket, "task": s.task, "tool_calls": 0}
+        if not s.video_exists:
+            rec.update({"missing_video": s.video})
+            return rec
+        question = s.question
+        if s.subtitle:
+            subs = read_srt(s.subtitle)
+            if subs:
+                question = f"Subtitles of the video: {subs}\n\n{question}"
+        sample = EpisodeSample(s.id, question, s.video, s.duration, s.answer, s.question_type)
+        ecfg = episode_config(cfg, s.question_type)
+        t0 = time.perf_counter()
+        last_err = None
+        for attempt in range(cfg.retries):
+            try:
+                traj = await run_episode(sample, self._engine_for(i), self.processor, ecfg, cfg.nframes, seed=0, cache=cache)
+                if traj.end_reason == "error":
+                    raise RuntimeError(traj.error)
+                break
+            except Exception as exc:  # noqa: BLE001 - one bad sample must not stop the run
+                last_err = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(min(2 ** attempt, 10))
+        else:
+            rec["error"] = last_err
+            return rec
+        rec.update(score(s, traj.completion_text))
+        rec.update({"tool_calls": traj.stats["tool_calls"], "turns": len(traj.turns), "end_reason": traj.end_reason,
+                    "well_formed": bool(traj.turns) and all(turn_well_formed(t.text) for t in traj.turns)
+                    if cfg.prompt_mode != "direct" else True, "seconds": round(time.perf_counter() - t0, 3)})
+        if cfg.save_trajectory:
+            rec["trajectory"] = traj.redacted()
+        return rec
+
+    async def _run_split(self, split: str) -> dict[str, Any]:
+        cfg = self.cfg
+        samples = self._load(split)
+        out_jsonl = self.root / f"{split}.jsonl"
+        done: dict[str, dict] = {}
+        if out_jsonl.exists():
+            for line in out_jsonl.read_text().splitlines():
+                try:
+                    r = json.loads(line)
+                    done[r["id"]] = r
+                except (json.JSONDecodeError, KeyError):
+                    continue  # a line cut by a kill: that sample is redone
+        todo = [(i, s) for i, s in enumerate(samples) if s.id not in done]
+        cache = OverviewCache(max_items=64)
+        sem = asyncio.Semaphore(cfg.concurrency)
+        bar = None
+        if cfg.progress:
+            from tqdm import tqdm  # noqa: PLC0415
+            bar = tqdm(total=len(samples), initial=len(samples) - len(todo), desc=f"{cfg.row}/{split}", dynamic_ncols=True)
+
+        async def job(i, s):
+            async with sem:
+                rec = await self._one(i, s, cache)
+            with open(out_jsonl, "a") as f:
+                f.write(json.dumps(rec, default=str) + "\n")
+            done[s.id] = rec
+            if bar is not None:
+                bar.update(1)
+        await asyncio.gather(*[job(i, s) for i, s in todo])
+        if bar is not None:
+            bar.close()
+        records = [done[s.id] for s in samples if s.id in done]
+        summary = summarize(records)
+        summary.update({"split": split, "row": cfg.row, "channel": cfg.channel, "prompt_mode": cfg.prompt_mode,
+                        "nframes": cfg.nframes})
+        _atomic_json(self.root / f"{split}.json", summary)
+        return summary
+
+    def run(self) -> dict[str, Any]:
+        results = {}
+        for k, split in enumerate(self.cfg.splits):
+            self._start()
+            try:
+                results[split] = asyncio.run(self._run_split(split))
+            except FileNotFoundError as exc:
+                log.error("%s", exc)
+                results[split] = {"error": str(exc)}
+            finally:
+                if self.cfg.server.restart_between_datasets and self.cfg.server.launch != "none":
+                    self._stop_servers()
+                if isinstance(self.engine, list):
+                    self.engine = None
+                elif self.engine is not None:
+                    # the in-process engine is bound to the finished event loop: rebuild its queue
+                    self.engine._queue = self.engine._worker = None
+        self._stop_servers()
+        all_path = Path(self.cfg.out) / "summary_all.json"
+        merged = json.loads(all_path.read_text()) if all_path.exists() else {}
+        merged.setdefault(self.cfg.row, {})[self.cfg.channel] = results
+        _atomic_json(all_path, merged)
+        (Path(self.cfg.out) / "summary.md").write_text(markdown_table(merged))
+        return results
+
+
+def headline(summary: dict[str, Any]) -> float | None:
+    if "accuracy" in summary and "mIoU" in summary:  # mixed split (synthetic): mean score
+        return summary["score"]
+    for k in ("accuracy", "mIoU"):
+        if k in summary:
+            return summary[k]
+    return None
+
+
+def markdown_table(merged: dict[str, Any]) -> str:
+    splits = sorted({s for row in merged.values() for ch in row.values() for s in ch})
+    lines = ["| row | channel | " + " | ".join(splits) + " |", "|---|---|" + "---|" * len(splits)]
+    for row, chans in merged.items():
+        for ch, res in chans.items():
+            cells = []
+            for s in splits:
+                v = headline(res.get(s, {})) if s in res else None
+                extra = res.get(s, {})
+                tools = extra.get("avg_tool_calls")
+                cells.append("" if v is None else f"{100 * v:.1f}" + (f" ({tools:.1f} calls)" if tools else ""))
+            lines.append(f"| {row} | {ch} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = parse_cli(EvalConfig, argv, "python -m paravt.eval.driver")
+    results = Evaluator(cfg).run()
+    print(json.dumps({k: {m: v.get(m) for m in ("accuracy", "mIoU", "avg_tool_calls", "tool_usage_rate", "evaluated",
+                                              "missing_video", "errors") if m in v} for k, v in results.items()},
+                     indent=2))
+    print((Path(cfg.out) / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
