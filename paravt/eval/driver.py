@@ -259,7 +259,11 @@ class Evaluator:
         out_jsonl = self.root / f"{split}.jsonl"
         done: dict[str, dict] = {}
         if out_jsonl.exists():
-            for line in out_jsonl.read_text().splitlines():
+            text = out_jsonl.read_text()
+            if text and not text.endswith("\n"):  # a line cut by a kill: never glue the next record to it
+                with open(out_jsonl, "a") as f:
+                    f.write("\n")
+            for line in text.splitlines():
                 try:
                     r = json.loads(line)
                     done[r["id"]] = r

@@ -1,0 +1,106 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from paravt.core.config import load_config
+from paravt.eval.driver import EvalConfig, Evaluator, score, summarize
+from paravt.eval.splits import EvalSample
+
+
+def test_scoring_edge_cases():
+    m = EvalSample("1", "s", "v", "q", "B")
+    assert score(m, "<think>\nhm\n</think>\n<answer>(B) blue</answer>")["correct"] == 1.0
+    assert score(m, "<think>\nhm\n</think>\nThe answer is B")["correct"] == 1.0  # text after </think>
+    assert score(m, "<think>\nunsure")["correct"] == 0.0
+    t = EvalSample("2", "s", "v", "q", [10.0, 20.0], "tvg")
+    assert score(t, "<answer>10.0 - 20.0 seconds</answer>")["iou"] == 1.0
+    assert score(t, "<answer>00:15 - 00:25</answer>")["iou"] == pytest.approx(5 / 15)
+    assert score(t, "<answer>no idea</answer>")["iou"] == 0.0
+    s = summarize([{"question_type": "tvg", "iou": 0.6, "score": 0.6, "tool_calls": 2},
+                   {"question_type": "tvg", "iou": 0.2, "score": 0.2, "tool_calls": 0},
+                   {"question_type": "tvg", "missing_video": "x.mp4", "tool_calls": 0}])
+    assert s["mIoU"] == pytest.approx(0.4) and s["R@0.5"] == 0.5 and s["missing_video"] == 1 and s["evaluated"] == 2
+    assert s["avg_tool_calls"] == 1.0 and s["tool_usage_rate"] == 0.5
+
+
+def _cfg(world, tiny_dir, out, **kw):
+    o = [f"model={tiny_dir}", f"out={out}", f"split_paths={{synthetic: {world}/local}}", "max_new_tokens=24",
+         "progress=false", "limit=4", "nframes=4", "max_turns=1"] + [f"{k}={v}" for k, v in kw.items()]
+    return load_config(EvalConfig, None, o)
+
+
+def test_agentic_eval_with_trajectories(world, tiny_dir, tmp_path):
+    res = Evaluator(_cfg(world, tiny_dir, tmp_path, save_trajectory=True, row="tiny")).run()["synthetic"]
+    assert res["evaluated"] == 4 and res["errors"] == 0
+    lines = [json.loads(x) for x in (tmp_path / "tiny/image_url/synthetic.jsonl").read_text().splitlines()]
+    assert len(lines) == 4
+    traj = lines[0]["trajectory"]
+    assert traj["images"].endswith("frame(s) omitted>") and "image" not in json.dumps(traj["turns"]).lower().replace("image_", "")
+    assert json.loads((tmp_path / "tiny/image_url/synthetic.json").read_text())["n"] == 4
+    all_ = json.loads((tmp_path / "summary_all.json").read_text())
+    assert "synthetic" in all_["tiny"]["image_url"] and "| tiny | image_url |" in (tmp_path / "summary.md").read_text()
+
+
+def test_direct_mode_has_no_tools(world, tiny_dir, tmp_path):
+    res = Evaluator(_cfg(world, tiny_dir, tmp_path, prompt_mode="direct", row="d")).run()["synthetic"]
+    assert res["avg_tool_calls"] == 0 and res["evaluated"] == 4
+
+
+def test_resume_after_kill_and_sharding(world, tiny_dir, tmp_path):
+    args = [sys.executable, "-m", "paravt.eval.driver", f"model={tiny_dir}", f"out={tmp_path}", "row=k",
+            f"split_paths={{synthetic: {world}/local}}", "max_new_tokens=24", "progress=false", "nframes=4",
+            "max_turns=1", "limit=12", "concurrency=1"]
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = tmp_path / "k/image_url/synthetic.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 2):
+        time.sleep(0.1)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    n_before = len(out.read_text().splitlines())
+    assert 2 <= n_before < 12
+    with open(out, "a") as f:
+        f.write('{"id": "half-writ')  # a line cut by the kill
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ids = [json.loads(x)["id"] for x in out.read_text().splitlines() if x.startswith('{"id": "') and x.endswith("}")]
+    assert len(ids) == len(set(ids)) == 12  # finished samples were not redone
+    summary = json.loads((tmp_path / "k/image_url/synthetic.json").read_text())
+    assert summary["n"] == 12
+    s0 = _cfg(world, tiny_dir, tmp_path / "s", num_shards=2, shard_id=0, limit="null")
+    s1 = _cfg(world, tiny_dir, tmp_path / "s", num_shards=2, shard_id=1, limit="null")
+    a, b = Evaluator(s0)._load("synthetic"), Evaluator(s1)._load("synthetic")
+    assert not {x.id for x in a} & {x.id for x in b} and len(a) + len(b) == len(Evaluator(_cfg(
+        world, tiny_dir, tmp_path / "s", limit="null"))._load("synthetic"))
+
+
+def test_missing_videos_are_counted(world, tiny_dir, tmp_path):
+    import shutil
+    local = tmp_path / "local"
+    shutil.copytree(world / "local", local)
+    from paravt.data.schema import load_rl_rows
+    rows, _ = load_rl_rows([local / "paravt_eval_synth.parquet"], check_media=False)
+    # point the split at a copy whose first video is gone
+    import pyarrow.parquet as pq
+    t = pq.read_table(local / "paravt_eval_synth.parquet").to_pylist()
+    t[0]["videos"] = [{"video": "file:///nonexistent/gone.mp4"}]
+    import pyarrow as pa
+    pq.write_table(pa.Table.from_pylist(t), local / "paravt_eval_synth.parquet")
+    res = Evaluator(load_config(EvalConfig, None, [f"model={tiny_dir}", f"out={tmp_path}/o", f"split_paths={{synthetic: {local}}}",
+                                                   "max_new_tokens=16", "progress=false", "limit=3", "nframes=4",
+                                                   "prompt_mode=direct"])).run()["synthetic"]
+    assert res["missing_video"] == 1 and res["evaluated"] == 2 and res["n"] == 3
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="unknown splits"):
+        EvalConfig(model="m", splits=["videomme", "imagenet"])
+    with pytest.raises(ValueError, match="video_url"):
+        EvalConfig(model="m", channel="video_url")
+    with pytest.raises(ValueError, match="shard_id"):
+        EvalConfig(model="m", shard_id=2, num_shards=2)
