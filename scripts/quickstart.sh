@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The main job on the embedded default (CPU): set up the CPU venv, build the tiny Qwen3-VL,
-# generate and materialize the synthetic long-video world, and print what was made.
-# Finished stages are reused on a rerun (delete the output folder to start over).
-#   bash scripts/quickstart.sh [OUT_DIR]      (default: runs/quickstart)
+# The main job on the embedded default (CPU, no downloads):
+#   CPU venv -> tiny Qwen3-VL -> synthetic world -> materialize -> cold-start SFT
+#   -> vanilla GRPO and PARA-GRPO (same steps, same seeds) -> eval at K=4 and K=64 -> report.
+# Finished stages are reused on a rerun (delete OUT_DIR to start over).
+#   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
+#   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/runs/quickstart}"
@@ -10,35 +12,53 @@ bash "$ROOT/scripts/setup_env.sh" cpu
 source "$ROOT/scripts/_common.sh" cpu
 cd "$ROOT"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
 SEED="${SEED:-0}"
+if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
+  WORLD_ARGS=(--n-train-videos 24 --n-eval-videos 8); SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
+else
+  WORLD_ARGS=(); SFT_STEPS="${SFT_STEPS:-600}"; RL_STEPS="${RL_STEPS:-30}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
+fi
+T0=$(date +%s)
+step() { echo; echo "== [$(( $(date +%s) - T0 ))s] $* =="; }
 
-step() { echo; echo "== $* =="; }
-
-step "1/3 tiny Qwen3-VL -> $OUT/tiny_model"
+step "1/7 tiny Qwen3-VL -> $OUT/tiny_model"
 if [[ -f "$OUT/tiny_model/paravt_tiny.json" ]]; then echo "reusing"; else
   python -m paravt.models.tiny --out "$OUT/tiny_model" --seed "$SEED"; fi
 
-step "2/3 synthetic world -> $OUT/world"
+step "2/7 synthetic world -> $OUT/world"
 if [[ -f "$OUT/world/world_stats.json" ]]; then echo "reusing"; else
-  python -m paravt.data.synthetic --out "$OUT/world" --seed "$SEED"; fi
+  python -m paravt.data.synthetic --out "$OUT/world" --seed "$SEED" "${WORLD_ARGS[@]}"; fi
 
-step "3/3 materialize -> $OUT/world/local"
+step "3/7 materialize -> $OUT/world/local"
 if [[ -f "$OUT/world/local/materialize_report.json" ]]; then echo "reusing"; else
   python -m paravt.data.materialize --root "$OUT/world/media" --parquet-dir "$OUT/world/parquet" \
     --output-dir "$OUT/world/local"; fi
 
-step "made"
-python - "$OUT" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-tiny = json.loads((out / "tiny_model/paravt_tiny.json").read_text())
-stats = json.loads((out / "world/world_stats.json").read_text())
-rep = json.loads((out / "world/local/materialize_report.json").read_text())
-print(f"tiny model      {out/'tiny_model'}: {tiny['parameters']:,} parameters, tokenizer {tiny['tokenizer_size']} tokens")
-print(f"world           {stats['videos']} videos (mean {stats['mean_duration_s']} s), {stats['media_bytes']/1e6:.1f} MB of mp4")
-print(f"parquets        SFT {stats['sft_rows']} rows ({stats['sft_subagent_rows']} sub-agent), RL {stats['rl_rows']}, eval {stats['eval_rows']}")
-print(f"materialized    {sum(rep['files'].values())} rows, missing files: {rep['missing_total']}")
-print("event visible in a K-frame overview (eval):",
-      ", ".join(f"K={k}: {v:.0%}" for k, v in sorted(stats["eval_event_visible_in_overview"].items(), key=lambda x: int(x[0]))))
-PY
+step "4/7 cold-start SFT ($SFT_STEPS steps) -> $OUT/sft"
+if [[ -e "$OUT/sft/final/config.json" ]]; then echo "reusing"; else
+  python -m paravt.sft.train configs/sft/tiny.yaml model_path="$OUT/tiny_model" output_dir="$OUT/sft" \
+    data.0.path="$OUT/world/local/paravt_sft_synth.parquet" max_steps="$SFT_STEPS" \
+    save_every="$SFT_STEPS" seed="$SEED"; fi
+[[ "${QUICKSTART_STOP_AFTER:-}" == sft ]] && exit 0
+
+for RUN in vanilla paragrpo; do
+  RECIPE=configs/rl/tiny.yaml; [[ $RUN == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
+  step "5/7 RL: $RUN ($RL_STEPS steps) -> $OUT/rl_$RUN"
+  if [[ -e "$OUT/rl_$RUN/final/config.json" ]]; then echo "reusing"; else
+    python -m paravt.rl.train "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
+      "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED"; fi
+done
+
+step "6/7 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT samples each)"
+COMMON=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS" "max_turns=2")
+for K in 4 64; do
+  python -m paravt.eval.driver model="$OUT/sft/final" row="sft-notool-K$K" nframes=$K max_turns=0 "${COMMON[@]:0:4}"
+  python -m paravt.eval.driver model="$OUT/sft/final" row="sft-tool-K$K" nframes=$K "${COMMON[@]}"
+  python -m paravt.eval.driver model="$OUT/rl_vanilla/final" row="vanilla-tool-K$K" nframes=$K think_prefix=false "${COMMON[@]}"
+  python -m paravt.eval.driver model="$OUT/rl_paragrpo/final" row="paragrpo-tool-K$K" nframes=$K "${COMMON[@]}"
+done > "$OUT/eval.log" 2>&1 || { tail -30 "$OUT/eval.log"; exit 1; }
+
+step "7/7 report"
+python -m paravt.report "$OUT"
+echo "total: $(( $(date +%s) - T0 )) s"

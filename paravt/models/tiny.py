@@ -171,7 +171,10 @@ def build_processor(tokenizer, shape: TinyShape, min_pixels: int = 784, max_pixe
     ip = Qwen2VLImageProcessorPil(
         min_pixels=min_pixels, max_pixels=max_pixels, patch_size=shape.patch_size,
         temporal_patch_size=shape.temporal_patch_size, merge_size=shape.spatial_merge_size,
-        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+        # Normalised so the synthetic world's dark backgrounds sit near 0 and the coloured shapes stand out:
+        # with Qwen's (0.5, 0.5) a dark frame is a large constant vector that swamps the content, and the
+        # tiny model learned to ignore vision (measured: features varied by <1% across frames after SFT).
+        image_mean=[0.1, 0.1, 0.1], image_std=[0.3, 0.3, 0.3],
     )
     return ParaVTQwen3VLProcessor(image_processor=ip, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
 

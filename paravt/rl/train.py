@@ -473,14 +473,20 @@ class RLTrainer:
                 bar.close()
             logger.close()
             self._stop_engine(producer)
+        last = parallel.step_dir(self.ckpt_root, self.step) / "hf"
         if self.d.is_main:
+            final = self.out / "final"
+            if final.is_symlink():
+                final.unlink()
+            if not final.exists() and last.exists():
+                final.symlink_to(last.resolve(), target_is_directory=True)
             plot_curves(self.out / "metrics.jsonl",
                         ["reward/total", "reward/acc", "reward/format", "reward/tool", "format/compliance",
                          "tools/call_frequency", "tools/calls_per_turn", "tools/failure_frequency",
                          "frac_reward_zero_std", "ppo/kl", "ppo/entropy", "completions/mean_length"],
                         self.out / "curves.png", title="PARA-GRPO", smooth=3)
         parallel.barrier()
-        return parallel.step_dir(self.ckpt_root, self.step) / "hf"
+        return last
 
     def _stop_engine(self, producer: "RolloutProducer | None" = None) -> None:
         if self.engine is not None and producer is not None:

@@ -1,0 +1,104 @@
+"""The quickstart report: one Markdown file + PNG curves from the stages' own outputs.
+
+    python -m paravt.report OUT_DIR
+
+Reads ``OUT/eval/summary_all.json`` (eval driver), ``OUT/rl_vanilla/metrics.jsonl`` and
+``OUT/rl_paragrpo/metrics.jsonl`` (RL), ``OUT/sft/metrics.jsonl`` (SFT); writes
+``OUT/report.md`` and ``OUT/report_curves.png``; prints the results table.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from paravt.core.metrics import read_jsonl
+
+ROWS = [("sft-notool", "SFT, no tools"), ("sft-tool", "SFT, with tools"), ("vanilla-tool", "vanilla GRPO"),
+        ("paragrpo-tool", "PARA-GRPO")]
+CURVES = ["format/compliance", "tools/call_frequency", "reward/acc", "reward/total"]
+
+
+def _cell(summary: dict, key: str, pct: bool = True) -> str:
+    v = summary.get(key)
+    if v is None:
+        return ""
+    return f"{100 * v:.1f}" if pct else f"{v:.2f}"
+
+
+def results_table(summary_all: dict) -> str:
+    lines = ["| model | K | score (acc / IoU) | format compliance | tool-call freq. | calls / episode |",
+             "|---|---|---|---|---|---|"]
+    for key, label in ROWS:
+        for k in (4, 64):
+            s = summary_all.get(f"{key}-K{k}", {}).get("image_url", {}).get("synthetic")
+            if not s:
+                continue
+            lines.append(f"| {label} | {k} | {_cell(s, 'score')} | {_cell(s, 'format_compliance')} | "
+                         f"{_cell(s, 'tool_usage_rate')} | {_cell(s, 'avg_tool_calls', pct=False)} |")
+    return "\n".join(lines) + "\n"
+
+
+def curves_png(out: Path) -> Path | None:
+    runs = {name: read_jsonl(out / d / "metrics.jsonl") for name, d in (("vanilla GRPO", "rl_vanilla"),
+                                                                      ("PARA-GRPO", "rl_paragrpo"))}
+    if not any(runs.values()):
+        return None
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.2))
+    for ax, key in zip(axes, CURVES):
+        for name, rows in runs.items():
+            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                sm = [sum(ys[max(0, i - 2): i + 1]) / len(ys[max(0, i - 2): i + 1]) for i in range(len(ys))]
+                ax.plot(xs, sm, label=name, lw=2)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    p = out / "report_curves.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    out = Path((argv or sys.argv[1:])[0])
+    summary = json.loads((out / "eval/summary_all.json").read_text()) if (out / "eval/summary_all.json").exists() else {}
+    table = results_table(summary)
+    png = curves_png(out)
+    rl = {n: read_jsonl(out / d / "metrics.jsonl") for n, d in (("vanilla", "rl_vanilla"), ("para", "rl_paragrpo"))}
+    first_last = []
+    for n, rows in rl.items():
+        if rows:
+            a, b = rows[: max(1, len(rows) // 5)], rows[-max(1, len(rows) // 5):]
+            for key in ("reward/total", "format/compliance", "tools/call_frequency", "reward/acc"):
+                fa = sum(r[key] for r in a) / len(a)
+                fb = sum(r[key] for r in b) / len(b)
+                first_last.append(f"| {n} | {key} | {fa:.3f} | {fb:.3f} |")
+    md = [f"# Quickstart report ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {platform.node()})", "",
+          "Held-out synthetic eval set; K = overview frames. score = accuracy (mcq, oe) and temporal IoU (tvg) averaged.",
+          "", table, "", "RL training curves (first fifth vs last fifth of the steps):", "",
+          "| run | metric | start | end |", "|---|---|---|---|", *first_last, ""]
+    if png:
+        md += [f"![curves]({png.name})", ""]
+    if (out / "sft/loss_curve.png").exists():
+        md += ["![sft loss](sft/loss_curve.png)", ""]
+    (out / "report.md").write_text("\n".join(md))
+    print(table)
+    print("\n".join(first_last))
+    print(f"\nreport: {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Reproduce Table 1 (every row of configs/eval/paper_table1.yaml on the seven splits) and print it
+# beside the paper's published numbers.
+#   GPU:  bash scripts/reproduce_paper.sh --data_root /data/bench [backend=openai server.launch=sglang ...]
+#   CPU:  bash scripts/reproduce_paper.sh --smoke     (tiny SFT model on the synthetic eval set; runs the
+#         quickstart's world + SFT first if they are missing)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/_common.sh" eval
+cd "$ROOT"
+if [[ "${1:-}" == "--smoke" ]]; then
+  shift
+  QS="${QS:-runs/quickstart}"
+  if [[ ! -e "$QS/sft/final/config.json" ]]; then
+    QUICKSTART_STOP_AFTER=sft bash scripts/quickstart.sh "$QS"
+  fi
+  exec python -m paravt.eval.reproduce --smoke --model "$QS/sft/final" --synthetic "$QS/world/local" \
+    --out "${OUT:-runs/table1_smoke}" --limit "${LIMIT:-40}" "$@"
+fi
+exec python -m paravt.eval.reproduce "$@"

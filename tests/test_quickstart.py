@@ -1,0 +1,24 @@
+"""The main job end to end, shortened (QUICKSTART_SMALL=1): setup -> tiny model -> world -> SFT ->
+vanilla GRPO and PARA-GRPO -> eval at K = 4 and 64 -> report. Slow: run with -m slow (CI does)."""
+
+import os
+import subprocess
+
+import pytest
+
+
+@pytest.mark.slow
+def test_short_quickstart(tmp_path):
+    out = tmp_path / "qs"
+    r = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=3000,
+                       env={**os.environ, "QUICKSTART_SMALL": "1"})
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    report = (out / "report.md").read_text()
+    for row in ("SFT, no tools", "SFT, with tools", "vanilla GRPO", "PARA-GRPO"):
+        assert row in report
+    assert (out / "report_curves.png").stat().st_size > 1000
+    assert (out / "rl_paragrpo/final/config.json").exists() and (out / "sft/loss_curve.png").exists()
+    # rerunning reuses every finished stage
+    r2 = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=900,
+                        env={**os.environ, "QUICKSTART_SMALL": "1"})
+    assert r2.returncode == 0 and r2.stdout.count("reusing") >= 6
