@@ -68,6 +68,8 @@ class TokenConversation:
         self.messages = list(messages)  # kept only to render deltas with the chat template
         self.prefix = prefix
         self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        from paravt.engines.hf import vision_token_ids  # noqa: PLC0415
+        self.vision_ids = set(vision_token_ids(self.tokenizer))
 
     def __len__(self) -> int:
         return len(self.record)
@@ -77,6 +79,10 @@ class TokenConversation:
         out: GenerationOutput = await self.engine.generate(self.record.input_ids, self.record.images, params)
         if out.error:
             return TurnOutput("", [], [], "error", out.weight_version, time.perf_counter() - t0, out.error)
+        bad = set(out.token_ids) & self.vision_ids
+        if bad:  # an engine that does not ban them (a server): the sequence would break the trainer's forward
+            return TurnOutput("", [], [], "error", out.weight_version, time.perf_counter() - t0,
+                              f"the model generated vision placeholder token(s) {sorted(bad)}")
         self.record.add(out.token_ids, "policy", out.logprobs)
         ids = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] == self.eos_id else out.token_ids
         text = self.tokenizer.decode(ids, skip_special_tokens=False)

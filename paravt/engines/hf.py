@@ -46,11 +46,15 @@ class _RowSampler(LogitsProcessor):
     """Chooses each row's next token with its own params and generator; the chosen token
     gets score 0 and the rest -inf, so generate's greedy step keeps it."""
 
-    def __init__(self, reqs: list[_Request]):
+    def __init__(self, reqs: list[_Request], banned: list[int] | None = None):
         self.reqs = reqs
+        self.banned = list(banned or [])
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         out = torch.full_like(scores, float("-inf"))
+        if self.banned:  # vision placeholders are never text the policy may write
+            scores = scores.clone()
+            scores[:, self.banned] = float("-inf")
         for i, r in enumerate(self.reqs):
             p = r.params
             row = scores[i]
@@ -99,6 +103,16 @@ class _RowStop(StoppingCriteria):
         return done
 
 
+def vision_token_ids(tokenizer) -> list[int]:
+    """Ids of the vision placeholder tokens; a policy that writes one breaks the next forward."""
+    ids = []
+    for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"):
+        i = tokenizer.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id:
+            ids.append(i)
+    return ids
+
+
 class HFEngine(InferenceEngine):
     """In-process transformers engine with batching of concurrent requests."""
 
@@ -120,6 +134,7 @@ class HFEngine(InferenceEngine):
         self.eos_ids = eos
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
         self.image_token_id = model.config.image_token_id
+        self.banned_ids = vision_token_ids(self.tokenizer)
         self._lock = threading.Lock()
         self._queue: asyncio.Queue | None = None
         self._worker: asyncio.Task | None = None
@@ -245,7 +260,7 @@ class HFEngine(InferenceEngine):
                                    pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True)
         with self._lock, torch.no_grad():
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
-                                      generation_config=gen_cfg, logits_processor=[_RowSampler(reqs)],
+                                      generation_config=gen_cfg, logits_processor=[_RowSampler(reqs, self.banned_ids)],
                                       stopping_criteria=[stopper], **kwargs)
         seqs = out.sequences[:, L:].cpu()
         logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else torch.zeros(B, 0, 1)

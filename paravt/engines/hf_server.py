@@ -37,6 +37,7 @@ def decode_image(url: str) -> Image.Image:
 
 
 def _params_from_sglang(sp: dict[str, Any]) -> SamplingParams:
+    # logit_bias is accepted and ignored: the HF engine always bans the vision placeholder tokens
     return SamplingParams(temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
                           top_k=int(sp.get("top_k", -1)), max_new_tokens=int(sp.get("max_new_tokens", 128)),
                           stop=list(sp.get("stop") or []), stop_token_ids=list(sp.get("stop_token_ids") or []),

@@ -145,7 +145,7 @@ class SGLangServer:
 # Request / response translation (pure)
 # ---------------------------------------------------------------------------------------
 
-def sampling_payload(params: SamplingParams) -> dict[str, Any]:
+def sampling_payload(params: SamplingParams, banned_token_ids: Sequence[int] = ()) -> dict[str, Any]:
     sp: dict[str, Any] = {
         "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
         "max_new_tokens": params.max_new_tokens,
@@ -157,13 +157,16 @@ def sampling_payload(params: SamplingParams) -> dict[str, Any]:
         sp["stop_token_ids"] = list(params.stop_token_ids)
     if params.seed is not None:
         sp["sampling_seed"] = int(params.seed) % (2**31)
+    if banned_token_ids:  # vision placeholders must never be generated
+        sp["logit_bias"] = {str(int(t)): -100.0 for t in banned_token_ids}
     return sp
 
 
-def generate_payload(input_ids: Sequence[int], images: ImageInputs | None, params: SamplingParams) -> dict[str, Any]:
+def generate_payload(input_ids: Sequence[int], images: ImageInputs | None, params: SamplingParams,
+                     banned_token_ids: Sequence[int] = ()) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "input_ids": [int(t) for t in input_ids],
-        "sampling_params": sampling_payload(params),
+        "sampling_params": sampling_payload(params, banned_token_ids),
         "return_logprob": True,
         "logprob_start_len": -1,  # logprobs of the output tokens only
         "stream": False,
@@ -227,8 +230,9 @@ def update_distributed_payload(named_shapes: list[tuple[str, str, list[int]]], v
 
 class SGLangEngine(InferenceEngine):
     def __init__(self, url: str, server: SGLangServer | None = None, request_timeout_s: float = 900.0,
-                 max_retries: int = 3, max_concurrency: int = 256):
+                 max_retries: int = 3, max_concurrency: int = 256, banned_token_ids: Sequence[int] = ()):
         self.url = url.rstrip("/")
+        self.banned_token_ids = list(banned_token_ids)
         self.server = server
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
@@ -270,7 +274,8 @@ class SGLangEngine(InferenceEngine):
         t0 = time.perf_counter()
         async with self._sem:
             try:
-                resp = await self._post("/generate", generate_payload(input_ids, ImageInputs.wrap(images), params))
+                resp = await self._post("/generate", generate_payload(input_ids, ImageInputs.wrap(images), params,
+                                                                      self.banned_token_ids))
             except EngineError as exc:
                 return GenerationOutput([], [], "error", self.weight_version, error=str(exc))
         out = parse_generate_response(resp, self.weight_version)

@@ -289,7 +289,9 @@ class RLTrainer:
             scfg.model_path = weights
             self.server = SGLangServer(scfg).start()
             url = scfg.url
-        self.engine = SGLangEngine(url, server=self.server if isinstance(self.server, SGLangServer) else None)
+        from paravt.engines.hf import vision_token_ids  # noqa: PLC0415
+        self.engine = SGLangEngine(url, server=self.server if isinstance(self.server, SGLangServer) else None,
+                                   banned_token_ids=vision_token_ids(self.tokenizer))
         self.control = SGLangEngine(url)
 
     def _sync_weights(self, version: int) -> float:

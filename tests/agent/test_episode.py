@@ -212,3 +212,10 @@ def test_real_tiny_model_full_episodes(tiny, rows):
         assert sum(m.loss_mask) == t.stats["generated_tokens"] > 0
         assert all(x <= 0 and math.isfinite(x) for x, k in zip(m.logprobs, m.loss_mask) if k)
     assert max(eng.stats["batch_sizes"]) > 1  # concurrent rollouts were batched
+
+
+def test_generated_vision_placeholder_ends_the_episode(tiny, sample):
+    _, proc = tiny
+    eng = ScriptedEngine(proc.tokenizer, lambda t, p: "look <|image_pad|> here")
+    traj = run(run_episode(sample, eng, proc, EpisodeConfig(), k=4))
+    assert traj.end_reason == "error" and "vision placeholder" in traj.error

@@ -106,3 +106,18 @@ def test_sampling_params_validation():
         SamplingParams(top_p=0)
     with pytest.raises(ValueError):
         SamplingParams(max_new_tokens=0)
+
+
+def test_vision_placeholders_are_never_sampled(tiny):
+    import torch
+    from paravt.engines.hf import _Request, _RowSampler, vision_token_ids
+    _, proc = tiny
+    banned = vision_token_ids(proc.tokenizer)
+    assert proc.image_token_id in banned and len(banned) == 4
+    scores = torch.zeros(2, 50)
+    scores[:, banned[0]] = 100.0  # the model's favourite is a vision placeholder
+    reqs = [_Request([1], None, SamplingParams(temperature=0), torch.Generator().manual_seed(0)),
+            _Request([1], None, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))]
+    out = _RowSampler(reqs, banned)(torch.zeros(2, 1, dtype=torch.long), scores)
+    chosen = out.argmax(-1).tolist()
+    assert not set(chosen) & set(banned)

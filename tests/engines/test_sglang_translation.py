@@ -35,6 +35,8 @@ def test_generate_payload():
     assert sp["temperature"] == 0.7 and sp["max_new_tokens"] == 2048 and sp["sampling_seed"] == 42
     assert sp["skip_special_tokens"] is False and sp["no_stop_trim"] is True and sp["stop"] == ["</answer>"]
     assert "image_data" not in generate_payload([1], None, SamplingParams())
+    assert generate_payload([1], None, SamplingParams(), banned_token_ids=[5, 6])["sampling_params"]["logit_bias"] == \
+        {"5": -100.0, "6": -100.0}
 
 
 def test_parse_generate_response():
