@@ -79,6 +79,7 @@ class WorldConfig:
     coarse_window_s: float = 30.0  # expert's first-round crop length (16 frames → ≤1.9 s apart)
     fine_window_s: float = 12.0  # expert's temporal-refinement crop length (1 fps)
     crop_max_frames: int = 16
+    extra_subagent_windows: int = 4  # random crop windows per train video, as extra sub-agent SFT rows
     system_mode: str = "agentic_general"
 
     def __post_init__(self):
@@ -412,6 +413,21 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
                                     "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)),
                                     "videos": [{"video": spec.rel_path}]})
                         n_sub += 1
+    for spec in specs["train"]:  # extra perception practice: random windows, half of them on an event
+        r = py_rng(cfg.seed, "extra-windows", spec.id)
+        for j in range(cfg.extra_subagent_windows):
+            length = r.uniform(6.0, cfg.coarse_window_s)
+            if j % 2 == 0:
+                ev = r.choice(spec.events)
+                centre = (ev.start + ev.end) / 2 + r.uniform(-length / 3, length / 3)
+            else:
+                centre = r.uniform(0, spec.duration)
+            s = round(max(0.0, min(spec.duration - length, centre - length / 2)), 1)
+            e = round(min(float(spec.duration), s + length), 1)
+            sft.append({"id": f"{spec.id}_win{j}", "kind": "subagent", "nframes": 0,
+                        "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)),
+                        "videos": [{"video": spec.rel_path}]})
+            n_sub += 1
     _write_parquet(sft, parquet_dir / "paravt_sft_synth.parquet")
     _write_parquet(rl, parquet_dir / "paravt_rl_synth.parquet")
     _write_parquet(ev_rows, parquet_dir / "paravt_eval_synth.parquet")
