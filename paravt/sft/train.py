@@ -49,6 +49,7 @@ class OptimConfig:
     warmup_ratio: float = 0.05
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
+    vision_lr_scale: float = 1.0  # lr multiplier for the vision tower (0 freezes it)
 
     def __post_init__(self):
         if self.scheduler not in ("cosine", "constant"):
@@ -129,13 +130,19 @@ def lr_lambda(cfg: SFTConfig):
     return f
 
 
-def param_groups(model, weight_decay: float):
-    decay, no_decay = [], []
+def param_groups(model, weight_decay: float, vision_lr_scale: float = 1.0, lr: float = 1.0):
+    """AdamW groups: no decay on norms/biases; the vision tower's lr scaled (0 = frozen)."""
+    groups: dict[tuple[bool, bool], list] = {}
     for n, p in model.named_parameters():
+        vision = ".visual." in f".{n}"
+        if vision and vision_lr_scale == 0:
+            p.requires_grad_(False)
         if not p.requires_grad:
             continue
-        (decay if p.ndim >= 2 and "norm" not in n.lower() else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decay = p.ndim >= 2 and "norm" not in n.lower()
+        groups.setdefault((vision, decay), []).append(p)
+    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0,
+             "lr": lr * (vision_lr_scale if vision else 1.0)} for (vision, decay), ps in sorted(groups.items())]
 
 
 def token_ce_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
@@ -176,7 +183,8 @@ class SFTTrainer:
         elif s == "ddp" and self.d.world_size > 1:
             model = torch.nn.parallel.DistributedDataParallel(model)
         self.model = model
-        self.optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
+        self.optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.vision_lr_scale,
+                                                        cfg.optim.lr), lr=cfg.optim.lr,
                                            betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         if s == "deepspeed":

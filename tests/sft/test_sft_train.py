@@ -81,3 +81,19 @@ def test_two_process_gloo_fsdp2(world, tiny_dir, tmp_path):
     from paravt.models.loading import load_model
     m = load_model(out / "final")
     assert sum(p.numel() for p in m.parameters()) > 1_000_000
+
+
+def test_vision_lr_scale_and_freeze(tiny_dir):
+    from paravt.models.loading import load_model
+    from paravt.sft.train import param_groups
+    m = load_model(tiny_dir)
+    groups = param_groups(m, 0.01, vision_lr_scale=0.1, lr=1e-3)
+    vis = {id(p) for n, p in m.named_parameters() if ".visual." in f".{n}"}
+    for g in groups:
+        is_vis = {id(p) in vis for p in g["params"]}
+        assert len(is_vis) == 1
+        assert g["lr"] == pytest.approx(1e-4 if is_vis.pop() else 1e-3)
+    assert sum(len(g["params"]) for g in groups) == len(list(m.parameters()))
+    frozen = param_groups(m, 0.01, vision_lr_scale=0.0, lr=1e-3)
+    assert all(id(p) not in vis for g in frozen for p in g["params"])
+    assert not any(p.requires_grad for n, p in m.named_parameters() if ".visual." in f".{n}")
