@@ -74,7 +74,9 @@ class EpisodeConfig:
 
     @property
     def agentic(self) -> bool:
-        return bool(self.tools) and self.prompt_mode != "direct" and self.prompt_mode != "reasoning"
+        """Tool calls are parsed and executed when tools are configured (the eval driver passes
+        ``tools=[]`` for the no-tool modes)."""
+        return bool(self.tools) and self.prompt_mode not in ("direct", "reasoning")
 
 
 @dataclass

@@ -60,6 +60,7 @@ class EvalConfig:
     row: str = "model"  # the Table-1 row name used in the output path
     backend: str = "hf"  # hf | openai
     prompt_mode: str = "agentic_general"
+    use_tools: bool | None = None  # None: on for agentic_* modes; set true for a tool-using baseline-native mode
     channel: str = "image_url"  # image_url (client-side frames) | video_url (server-side decode)
     splits: list[str] = field(default_factory=lambda: ["synthetic"])
     data_root: str = "data/benchmarks"
@@ -101,6 +102,8 @@ class EvalConfig:
 
     @property
     def agentic(self) -> bool:
+        if self.use_tools is not None:
+            return self.use_tools
         return self.prompt_mode in AGENTIC_MODES or self.prompt_mode.startswith("agentic")
 
 
