@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = RLTrainer(cfg)
     final = trainer.train()
     if trainer.d.is_main:
-        print(f"PARA-GRPO done: {trainer.step} steps; model at {final}")
+        print(f"RL done ({trainer.out.name}): {trainer.step} steps; model at {final}")
     import torch.distributed as dist  # noqa: PLC0415
     if dist.is_initialized():
         dist.destroy_process_group()
