@@ -101,7 +101,7 @@ class OptimCfg:
 @dataclass
 class RolloutCfg:
     engine: str = "hf"  # hf (in-process, embedded default) | hf_server (HTTP, CPU) | sglang (GPU server)
-    weight_sync: str = "disk"  # disk | nccl (sglang only) ; the in-process engine takes the state dict
+    weight_sync: str = "disk"  # disk (nccl: not implemented in the trainer yet) ; the in-process engine takes the state dict
     server: SGLangServerConfig = field(default_factory=SGLangServerConfig)
     batch_wait_s: float = 0.03
     dtype: str = "float32"
@@ -111,6 +111,10 @@ class RolloutCfg:
             raise ValueError(f"rollout.engine must be hf, hf_server or sglang, got {self.engine!r}")
         if self.weight_sync not in ("disk", "nccl"):
             raise ValueError(f"rollout.weight_sync must be disk or nccl, got {self.weight_sync!r}")
+        if self.weight_sync == "nccl":
+            raise ValueError("rollout.weight_sync=nccl: the trainer-side NCCL broadcast is not written yet "
+                             "(SGLangEngine already builds the /init_weights_update_group and "
+                             "/update_weights_from_distributed requests); use weight_sync=disk")
 
 
 @dataclass

@@ -101,3 +101,8 @@ def test_kill_and_resume(world, tiny_dir, tmp_path):
     for t in trajs:
         assert t["sample_id"] == sched.batch(t["step"])[0].sample_id
     assert (out / "checkpoints/step_000004/COMPLETE").exists()
+
+
+def test_unimplemented_nccl_sync_is_rejected():
+    with pytest.raises(ValueError, match="not written yet"):
+        load_config(RLConfig, "configs/rl/tiny.yaml", ["rollout.weight_sync=nccl"])
