@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
-from paravt.core.prompts import THINK_PREFIX, clock, subagent_prompt, system_prompt
+from paravt.core.prompts import THINK_PREFIX, subagent_prompt, system_prompt
 from paravt.core.seeding import py_rng
 from paravt.core.toolcall import format_tool_call
 from paravt.core.video import crop_timestamps, overview_timestamps

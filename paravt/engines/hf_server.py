@@ -12,7 +12,6 @@ own process, eval against a server) run for real on a machine where SGLang canno
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import io
 import logging
