@@ -213,3 +213,17 @@ def export_hf(model, processor, out: str | Path, dist_info: DistInfo, dtype: tor
         processor.save_pretrained(out)
     barrier()
     return out
+
+
+def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: str) -> int:
+    """The CLI of a training stage: parse the typed config, train, report, tear the group down."""
+    from paravt.core.config import parse_cli  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    trainer = trainer_cls(parse_cli(schema, argv, prog))
+    final = trainer.train()
+    if trainer.d.is_main:
+        print(f"{label} done ({trainer.out.name}): {trainer.step} steps; model at {final}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0

@@ -36,7 +36,6 @@ import torch
 
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
 from paravt.agent.tools import build_tools
-from paravt.core.config import parse_cli
 from paravt.core.metrics import MetricsLogger, plot_curves
 from paravt.core.scoring import turn_well_formed
 from paravt.core.seeding import rng, seed_everything, stable_hash
@@ -521,16 +520,7 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = parse_cli(RLConfig, argv, "python -m paravt.rl.train")
-    trainer = RLTrainer(cfg)
-    final = trainer.train()
-    if trainer.d.is_main:
-        print(f"RL done ({trainer.out.name}): {trainer.step} steps; model at {final}")
-    import torch.distributed as dist  # noqa: PLC0415
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
+    return parallel.run_trainer(RLTrainer, RLConfig, argv, "python -m paravt.rl.train", "RL")
 
 
 if __name__ == "__main__":

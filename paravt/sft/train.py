@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 
-from paravt.core.config import parse_cli
 from paravt.core.metrics import MetricsLogger, plot_curves
 from paravt.core.seeding import seed_everything
 from paravt.models import parallel
@@ -347,16 +346,7 @@ class SFTTrainer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = parse_cli(SFTConfig, argv, "python -m paravt.sft.train")
-    trainer = SFTTrainer(cfg)
-    final = trainer.train()
-    if trainer.d.is_main:
-        print(f"SFT done: {trainer.step} steps; model at {final}")
-    import torch.distributed as dist  # noqa: PLC0415
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
+    return parallel.run_trainer(SFTTrainer, SFTConfig, argv, "python -m paravt.sft.train", "SFT")
 
 
 if __name__ == "__main__":
