@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         if not a.model or not a.synthetic:
             ap.error("--smoke needs --model and --synthetic")
-        common += [f"model={a.model}", f"split_paths={{synthetic: {a.synthetic}}}", "max_new_tokens=400"]
+        common = [f"model={a.model}", f"split_paths={{synthetic: {a.synthetic}}}", "max_new_tokens=400"] + common
     else:
         proto = spec.get("protocol", {})
         common += [f"data_root={a.data_root}"] + [f"{k}={v}" for k, v in proto.items()]

@@ -103,3 +103,15 @@ def test_config_errors():
         EvalConfig(model="m", channel="video_url")
     with pytest.raises(ValueError, match="shard_id"):
         EvalConfig(model="m", shard_id=2, num_shards=2)
+
+
+def test_reproduce_smoke_prints_the_table(world, tiny_dir, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "paravt.eval.reproduce", "--smoke", "--model", str(tiny_dir),
+                        "--synthetic", str(world / "local"), "--limit", "2", "--out", str(tmp_path),
+                        "max_new_tokens=16"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = (tmp_path / "table.md").read_text()
+    for row in ("sft-no-tool-K4", "sft-tool-K4", "sft-no-tool-K64", "sft-tool-K64"):
+        assert f"| {row} |" in table
+    res = json.loads((tmp_path / "table.json").read_text())
+    assert res["sft-no-tool-K4"]["synthetic"]["avg_tool_calls"] == 0  # no tool round
