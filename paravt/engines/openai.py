@@ -18,6 +18,7 @@ from collections import OrderedDict
 from typing import Any
 
 from paravt.engines.base import ChatEngine, EngineError, GenerationOutput, SamplingParams
+from paravt.engines.http import HTTPSessionMixin
 
 
 def image_data_url(img, fmt: str = "PNG") -> str:
@@ -102,7 +103,7 @@ def parse_chat_response(resp: dict[str, Any], prefix: str = "") -> GenerationOut
     return GenerationOutput(list(ids), logprobs, "length" if finish == "length" else "stop", 0, text)
 
 
-class OpenAIEngine(ChatEngine):
+class OpenAIEngine(HTTPSessionMixin, ChatEngine):
     def __init__(self, base_url: str, model: str = "default", api_key: str | None = None,
                  request_timeout_s: float = 600.0, max_retries: int = 3, max_concurrency: int = 64):
         self.base_url = base_url.rstrip("/")
@@ -111,17 +112,15 @@ class OpenAIEngine(ChatEngine):
         self.model, self.api_key = model, api_key
         self.request_timeout_s, self.max_retries = request_timeout_s, max_retries
         self._sem = asyncio.Semaphore(max_concurrency)
-        self._session = None
         self._cache = _UrlCache()
 
-    async def _http(self):
-        import aiohttp  # noqa: PLC0415
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-        if self._session is None or self._session.closed:
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            self._session = aiohttp.ClientSession(headers=headers,
-                                                  timeout=aiohttp.ClientTimeout(total=self.request_timeout_s))
-        return self._session
+    @property
+    def health_url(self) -> str:
+        return self.base_url + "/models"
 
     async def chat(self, messages, params: SamplingParams, prefix: str = "") -> GenerationOutput:
         import aiohttp  # noqa: PLC0415
@@ -148,15 +147,3 @@ class OpenAIEngine(ChatEngine):
                         await asyncio.sleep(min(2.0 ** attempt, 30.0))
         return GenerationOutput([], [], "error", error=f"chat completion failed after retries: {last}")
 
-    async def health(self) -> bool:
-        try:
-            session = await self._http()
-            async with session.get(self.base_url + "/models") as r:
-                return r.status == 200
-        except Exception:  # noqa: BLE001
-            return False
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None

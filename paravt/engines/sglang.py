@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
+from paravt.engines.http import HTTPSessionMixin
 from paravt.engines.images import ImageInputs
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ def update_distributed_payload(named_shapes: list[tuple[str, str, list[int]]], v
 # The engine
 # ---------------------------------------------------------------------------------------
 
-class SGLangEngine(InferenceEngine):
+class SGLangEngine(HTTPSessionMixin, InferenceEngine):
     def __init__(self, url: str, server: SGLangServer | None = None, request_timeout_s: float = 900.0,
                  max_retries: int = 3, max_concurrency: int = 256, banned_token_ids: Sequence[int] = ()):
         self.url = url.rstrip("/")
@@ -238,14 +239,10 @@ class SGLangEngine(InferenceEngine):
         self.max_retries = max_retries
         self.weight_version = 0
         self._sem = asyncio.Semaphore(max_concurrency)
-        self._session = None
 
-    async def _http(self):
-        import aiohttp  # noqa: PLC0415
-
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.request_timeout_s))
-        return self._session
+    @property
+    def health_url(self) -> str:
+        return self.url + "/health"
 
     async def _post(self, path: str, payload: dict[str, Any]) -> Any:
         import aiohttp  # noqa: PLC0415
@@ -305,15 +302,3 @@ class SGLangEngine(InferenceEngine):
             raise EngineError(f"update_weights_from_distributed failed: {resp.get('message')}")
         self.weight_version = version
 
-    async def health(self) -> bool:
-        try:
-            session = await self._http()
-            async with session.get(self.url + "/health") as r:
-                return r.status == 200
-        except Exception:  # noqa: BLE001
-            return False
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
