@@ -3,7 +3,8 @@
     python -m paravt.report OUT_DIR
 
 Reads ``OUT/eval/summary_all.json`` (eval driver), ``OUT/rl_vanilla/metrics.jsonl`` and
-``OUT/rl_paragrpo/metrics.jsonl`` (RL), ``OUT/sft/metrics.jsonl`` (SFT); writes
+``OUT/rl_paragrpo/metrics.jsonl`` (RL), ``OUT/sft/metrics.jsonl`` (SFT), ``OUT/probe_*.json``
+(:mod:`paravt.eval.probe`: what the sub-agents see) and ``OUT/stage_seconds.tsv``; writes
 ``OUT/report.md`` and ``OUT/report_curves.png``; prints the results table.
 """
 
@@ -29,17 +30,41 @@ def _cell(summary: dict, key: str, pct: bool = True) -> str:
     return f"{100 * v:.1f}" if pct else f"{v:.2f}"
 
 
+def _by_type(summary: dict, qtype: str) -> str:
+    v = summary.get("by_question_type", {}).get(qtype, {}).get("score")
+    return "" if v is None else f"{100 * v:.1f}"
+
+
 def results_table(summary_all: dict) -> str:
-    lines = ["| model | K | score (acc / IoU) | format compliance | tool-call freq. | calls / episode |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | K | score | mcq acc | oe acc | tvg IoU | format compliance | tool-call freq. | calls / episode |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for key, label in ROWS:
         for k in (4, 64):
             s = summary_all.get(f"{key}-K{k}", {}).get("image_url", {}).get("synthetic")
             if not s:
                 continue
-            lines.append(f"| {label} | {k} | {_cell(s, 'score')} | {_cell(s, 'format_compliance')} | "
+            lines.append(f"| {label} | {k} | {_cell(s, 'score')} | {_by_type(s, 'mcq')} | {_by_type(s, 'oe')} | "
+                         f"{_by_type(s, 'tvg')} | {_cell(s, 'format_compliance')} | "
                          f"{_cell(s, 'tool_usage_rate')} | {_cell(s, 'avg_tool_calls', pct=False)} |")
     return "\n".join(lines) + "\n"
+
+
+def probe_table(out: Path) -> str:
+    """Sub-agent perception of each probed checkpoint (``OUT/probe_<name>.json``)."""
+    lines = []
+    for p in sorted(out.glob("probe_*.json")):
+        res = json.loads(p.read_text())
+        w = res.get("windows", {})
+        cells = [f"{100 * w.get(k, {}).get('colour_acc', 0):.0f}" for k in ("event", "short")]
+        lines.append(f"| {p.stem[len('probe_'):]} | {cells[0]} | {cells[1]} | "
+                     f"{100 * w.get('empty', {}).get('says_empty', 0):.0f} | "
+                     f"{100 * w.get('event', {}).get('colour_shape_acc', 0):.0f} | "
+                     f"{res.get('features', {}).get('mean_abs_dlogit_pixels_zeroed', float('nan')):.3f} |")
+    if not lines:
+        return ""
+    head = ["| checkpoint | colour acc, event ±6 s | colour acc, 2 s | empty window called empty | colour+shape, event | mean abs Δlogit, pixels zeroed |",
+            "|---|---|---|---|---|---|"]
+    return "\n".join(head + lines) + "\n"
 
 
 def curves_png(out: Path) -> Path | None:
@@ -86,9 +111,18 @@ def main(argv: list[str] | None = None) -> int:
                 fb = sum(r[key] for r in b) / len(b)
                 first_last.append(f"| {n} | {key} | {fa:.3f} | {fb:.3f} |")
     md = [f"# Quickstart report ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {platform.node()})", "",
-          "Held-out synthetic eval set; K = overview frames. score = accuracy (mcq, oe) and temporal IoU (tvg) averaged.",
+          "Held-out synthetic eval set; K = overview frames. score = accuracy (mcq, oe) and temporal IoU (tvg) averaged;",
+          "all in %. Tools run as weight-sharing sub-agents (greedy), as in training.",
           "", table, "", "RL training curves (first fifth vs last fifth of the steps):", "",
           "| run | metric | start | end |", "|---|---|---|---|", *first_last, ""]
+    probes = probe_table(out)
+    if probes:
+        md += ["What the sub-agents see (python -m paravt.eval.probe; held-out videos, greedy; chance colour acc 12.5%):",
+               "", probes, ""]
+    if (out / "stage_seconds.tsv").exists():  # written by scripts/quickstart.sh; the last run of a stage wins
+        st = dict(line.split("\t") for line in (out / "stage_seconds.tsv").read_text().splitlines() if "\t" in line)
+        md += ["Stage wall-clock seconds: " + ", ".join(f"{k} {v}" for k, v in st.items())
+               + f" (sum {sum(int(v) for v in st.values())} s)", ""]
     if png:
         md += [f"![curves]({png.name})", ""]
     if (out / "sft/loss_curve.png").exists():
@@ -96,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.md").write_text("\n".join(md))
     print(table)
     print("\n".join(first_last))
+    if probes:
+        print("\n" + probes)
     print(f"\nreport: {out / 'report.md'}")
     return 0
 

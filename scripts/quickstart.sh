@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default (CPU, no downloads):
-#   CPU venv -> tiny Qwen3-VL -> synthetic world -> materialize -> cold-start SFT
-#   -> vanilla GRPO and PARA-GRPO (same steps, same seeds) -> eval at K=4 and K=64 -> report.
+#   CPU venv -> tiny Qwen3-VL -> synthetic world -> materialize -> perception pretraining of the tiny
+#   base (stands in for Qwen3-VL's visual pretraining) -> cold-start SFT -> vanilla GRPO and PARA-GRPO (same steps, same seeds) -> eval at K=4 and K=64 -> report.
 # Finished stages are reused on a rerun (delete OUT_DIR to start over).
 #   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
 #   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
@@ -15,43 +15,66 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 SEED="${SEED:-0}"
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
-  WORLD_ARGS=(--n-train-videos 24 --n-eval-videos 8); SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
+  WORLD_ARGS=(--n-train-videos 24 --n-eval-videos 8); PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
 else
-  WORLD_ARGS=(); SFT_STEPS="${SFT_STEPS:-600}"; RL_STEPS="${RL_STEPS:-30}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
+  WORLD_ARGS=(); PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-600}"; RL_STEPS="${RL_STEPS:-30}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
 fi
 T0=$(date +%s)
-step() { echo; echo "== [$(( $(date +%s) - T0 ))s] $* =="; }
+TS=$T0; STAGE=""
+# Each stage's wall-clock seconds go to $OUT/stage_seconds.tsv (reused stages are not timed again).
+step() {
+  local now; now=$(date +%s)
+  if [[ -n "$STAGE" && "${REUSED:-0}" == 0 ]]; then printf '%s\t%s\n' "$STAGE" "$(( now - TS ))" >> "$OUT/stage_seconds.tsv"; fi
+  TS=$now; STAGE="$1"; REUSED=0
+  echo; echo "== [$(( now - T0 ))s] $* =="
+}
+reuse() { echo "reusing"; REUSED=1; }
 
-step "1/7 tiny Qwen3-VL -> $OUT/tiny_model"
-if [[ -f "$OUT/tiny_model/paravt_tiny.json" ]]; then echo "reusing"; else
+step tiny_model "1/8 tiny Qwen3-VL -> $OUT/tiny_model"
+if [[ -f "$OUT/tiny_model/paravt_tiny.json" ]]; then reuse; else
   python -m paravt.models.tiny --out "$OUT/tiny_model" --seed "$SEED"; fi
 
-step "2/7 synthetic world -> $OUT/world"
-if [[ -f "$OUT/world/world_stats.json" ]]; then echo "reusing"; else
+step world "2/8 synthetic world -> $OUT/world"
+if [[ -f "$OUT/world/world_stats.json" ]]; then reuse; else
   python -m paravt.data.synthetic --out "$OUT/world" --seed "$SEED" "${WORLD_ARGS[@]}"; fi
 
-step "3/7 materialize -> $OUT/world/local"
-if [[ -f "$OUT/world/local/materialize_report.json" ]]; then echo "reusing"; else
+step materialize "3/8 materialize -> $OUT/world/local"
+if [[ -f "$OUT/world/local/materialize_report.json" ]]; then reuse; else
   python -m paravt.data.materialize --root "$OUT/world/media" --parquet-dir "$OUT/world/parquet" \
     --output-dir "$OUT/world/local"; fi
 
-step "4/7 cold-start SFT ($SFT_STEPS steps) -> $OUT/sft"
-if [[ -e "$OUT/sft/final/config.json" ]]; then echo "reusing"; else
-  python -m paravt.sft.train configs/sft/tiny.yaml model_path="$OUT/tiny_model" output_dir="$OUT/sft" \
+step perception "4/8 perception pretraining of the tiny base ($PERC_STEPS steps) -> $OUT/perception"
+if [[ -e "$OUT/perception/final/config.json" ]]; then reuse; else
+  python -m paravt.sft.train configs/sft/tiny_perception.yaml model_path="$OUT/tiny_model" output_dir="$OUT/perception" \
+    data.0.path="$OUT/world/local/paravt_perception_synth.parquet" max_steps="$PERC_STEPS" \
+    save_every="$PERC_STEPS" seed="$SEED"; fi
+
+step sft "5/8 cold-start SFT ($SFT_STEPS steps) -> $OUT/sft"
+if [[ -e "$OUT/sft/final/config.json" ]]; then reuse; else
+  python -m paravt.sft.train configs/sft/tiny.yaml model_path="$OUT/perception/final" output_dir="$OUT/sft" \
     data.0.path="$OUT/world/local/paravt_sft_synth.parquet" max_steps="$SFT_STEPS" \
     save_every="$SFT_STEPS" seed="$SEED"; fi
+step probe "5b/8 what the sub-agents see (python -m paravt.eval.probe)"
+for M in perception sft; do
+  if [[ -f "$OUT/probe_$M.json" ]]; then reuse; else
+    python -m paravt.eval.probe --model "$OUT/$M/final" --world "$OUT/world" --limit "$EVAL_LIMIT" \
+      --out "$OUT/probe_$M.json" > /dev/null; fi
+done
 [[ "${QUICKSTART_STOP_AFTER:-}" == sft ]] && exit 0
 
 for RUN in vanilla paragrpo; do
   RECIPE=configs/rl/tiny.yaml; [[ $RUN == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
-  step "5/7 RL: $RUN ($RL_STEPS steps) -> $OUT/rl_$RUN"
-  if [[ -e "$OUT/rl_$RUN/final/config.json" ]]; then echo "reusing"; else
+  step "rl_$RUN" "6/8 RL: $RUN ($RL_STEPS steps) -> $OUT/rl_$RUN"
+  if [[ -e "$OUT/rl_$RUN/final/config.json" ]]; then reuse; else
     python -m paravt.rl.train "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
       "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED"; fi
 done
 
-step "6/7 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT samples each)"
-COMMON=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS" "max_turns=2")
+step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT samples each)"
+# Tools run as in training (weight-sharing sub-agents, greedy): the tiny model never saw crop frames
+# returned to the main agent, which is the paper's eval protocol for the 8B (crop.mode=frames).
+COMMON=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS"
+        "max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64")
 for K in 4 64; do
   python -m paravt.eval.driver model="$OUT/sft/final" row="sft-notool-K$K" nframes=$K max_turns=0 "${COMMON[@]:0:4}"
   python -m paravt.eval.driver model="$OUT/sft/final" row="sft-tool-K$K" nframes=$K "${COMMON[@]}"
@@ -59,6 +82,7 @@ for K in 4 64; do
   python -m paravt.eval.driver model="$OUT/rl_paragrpo/final" row="paragrpo-tool-K$K" nframes=$K "${COMMON[@]}"
 done > "$OUT/eval.log" 2>&1 || { tail -30 "$OUT/eval.log"; exit 1; }
 
-step "7/7 report"
+step report "8/8 report"
+REUSED=1
 python -m paravt.report "$OUT"
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -1,4 +1,4 @@
-"""The main job end to end, shortened (QUICKSTART_SMALL=1): setup -> tiny model -> world -> SFT ->
+"""The main job end to end, shortened (QUICKSTART_SMALL=1): setup -> tiny model -> world -> perception -> SFT ->
 vanilla GRPO and PARA-GRPO -> eval at K = 4 and 64 -> report. Slow: run with -m slow (CI does)."""
 
 import os
@@ -18,7 +18,8 @@ def test_short_quickstart(tmp_path):
         assert row in report
     assert (out / "report_curves.png").stat().st_size > 1000
     assert (out / "rl_paragrpo/final/config.json").exists() and (out / "sft/loss_curve.png").exists()
+    assert (out / "perception/final/config.json").exists()
     # rerunning reuses every finished stage
     r2 = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=900,
                         env={**os.environ, "QUICKSTART_SMALL": "1"})
-    assert r2.returncode == 0 and r2.stdout.count("reusing") >= 6
+    assert r2.returncode == 0 and r2.stdout.count("reusing") >= 7

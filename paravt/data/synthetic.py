@@ -9,6 +9,8 @@
   visible for 2–4 s at a random time;
 * parquets in the released schemas with **sentinel-relative** paths under ``DIR/parquet/``:
   ``paravt_sft_synth.parquet`` (expert main-agent trajectories and sub-agent examples),
+  ``paravt_perception_synth.parquet`` (sub-agent examples on 1-4 s windows: the tiny model's
+  visual pretraining, see :func:`short_window_rows`),
   ``paravt_rl_synth.parquet`` (RL prompts) and ``paravt_eval_synth.parquet`` (held-out videos);
 * ``DIR/world.json`` (every video's script) and ``DIR/world_stats.json`` (sizes, and how often
   the asked event is visible in a K-frame overview: the Tool Necessity Gap).
@@ -80,6 +82,8 @@ class WorldConfig:
     fine_window_s: float = 12.0  # expert's temporal-refinement crop length (1 fps)
     crop_max_frames: int = 16
     extra_subagent_windows: int = 4  # random crop windows per train video, as extra sub-agent SFT rows
+    short_subagent_windows: int = 0  # 1-4 s sub-agent windows per train video mixed into the SFT parquet
+    perception_windows: int = 24  # 1-4 s sub-agent windows per train video in paravt_perception_synth.parquet
     system_mode: str = "agentic_general"
 
     def __post_init__(self):
@@ -131,7 +135,12 @@ class VideoSpec:
 def make_spec(cfg: WorldConfig, split: str, i: int) -> VideoSpec:
     r = py_rng(cfg.seed, "video", split, i)
     vid = f"{split}_{i:04d}"
-    rel = f"selfqa/{vid}.mp4" if i % 2 == 0 else f"longvt_source/synthetic/{vid}.mp4"
+    # File names do not tell the split: the model copies the name into its calls, and a tiny model
+    # that only ever wrote "train_…" degenerates on "eval_…" (measured). Train videos are clip_0000…,
+    # eval videos continue the numbering.
+    offset = {"train": 0, "eval": cfg.n_train_videos}.get(split, cfg.n_train_videos + cfg.n_eval_videos)
+    name = f"clip_{offset + i:04d}.mp4"
+    rel = f"selfqa/{name}" if i % 2 == 0 else f"longvt_source/synthetic/{name}"
     duration = r.randint(cfg.min_duration, cfg.max_duration)
     scenes, t = [], 0.0
     while t < duration:
@@ -326,7 +335,7 @@ def _video_header(spec: VideoSpec) -> str:
 
 
 def rl_record(spec: VideoSpec, q: dict[str, Any], qid: str) -> dict[str, Any]:
-    extra = {"id": qid, "answer": q["answer"], "question_type": q["question_type"], "duration": float(spec.duration),
+    extra = {"id": qid, "video_id": spec.id, "answer": q["answer"], "question_type": q["question_type"], "duration": float(spec.duration),
              "video_name": spec.name, "span": q["span"], "shape": q["shape"], "colour": q["colour"]}
     return {
         "prompt": [{"role": "user", "content": f"<video>\n{q['question']}"}],
@@ -362,6 +371,29 @@ def sft_subagent_messages(spec: VideoSpec, s: float, e: float, cfg: WorldConfig)
         ]},
         {"role": "assistant", "content": [{"type": "text", "text": describe_window(spec, ts)}]},
     ]
+
+
+def short_window_rows(spec: VideoSpec, cfg: WorldConfig, tag: str, n: int) -> list[dict[str, Any]]:
+    """Sub-agent rows on 1-4 s windows (1-4 frames at 1 fps), two thirds of them on an event.
+
+    The same task as every other sub-agent row, with a dense perception signal: a random-init
+    tiny model first learns here to see colours and shapes and to copy frame times, which the
+    real base model (Qwen3-VL-8B) brings from its pretraining."""
+    r = py_rng(cfg.seed, f"{tag}-windows", spec.id)
+    rows = []
+    for j in range(n):
+        length = float(r.randint(1, 4))
+        if j % 3 != 2:
+            ev = r.choice(spec.events)
+            centre = r.uniform(ev.start, ev.end)
+        else:
+            centre = r.uniform(0, spec.duration)
+        s = round(max(0.0, min(spec.duration - length, centre - length / 2)), 1)
+        e = round(min(float(spec.duration), s + length), 1)
+        rows.append({"id": f"{spec.id}_{tag}{j}", "kind": "subagent", "nframes": 0,
+                     "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)),
+                     "videos": [{"video": spec.rel_path}]})
+    return rows
 
 
 def _write_parquet(records: list[dict[str, Any]], path: Path) -> None:
@@ -428,14 +460,18 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
                         "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)),
                         "videos": [{"video": spec.rel_path}]})
             n_sub += 1
+        sft += short_window_rows(spec, cfg, "short", cfg.short_subagent_windows)
+        n_sub += cfg.short_subagent_windows
+    perception = [row for spec in specs["train"] for row in short_window_rows(spec, cfg, "perception", cfg.perception_windows)]
     _write_parquet(sft, parquet_dir / "paravt_sft_synth.parquet")
+    _write_parquet(perception, parquet_dir / "paravt_perception_synth.parquet")
     _write_parquet(rl, parquet_dir / "paravt_rl_synth.parquet")
     _write_parquet(ev_rows, parquet_dir / "paravt_eval_synth.parquet")
 
     world = {"config": asdict(cfg), "videos": {s.id: asdict(s) for s in all_specs}}
     (out / "world.json").write_text(json.dumps(world, indent=1, sort_keys=True))
     stats = world_stats(specs, cfg)
-    stats.update({"sft_rows": len(sft), "sft_main_rows": len(sft) - n_sub, "sft_subagent_rows": n_sub,
+    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "sft_main_rows": len(sft) - n_sub, "sft_subagent_rows": n_sub,
                   "rl_rows": len(rl), "eval_rows": len(ev_rows), "build_seconds": round(time.time() - t0, 2),
                   "media_bytes": sum(p.stat().st_size for p in media.rglob("*.mp4"))})
     (out / "world_stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True))
@@ -466,12 +502,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-eval-videos", type=int, default=WorldConfig.n_eval_videos)
     p.add_argument("--min-duration", type=int, default=WorldConfig.min_duration)
     p.add_argument("--max-duration", type=int, default=WorldConfig.max_duration)
+    p.add_argument("--short-subagent-windows", type=int, default=WorldConfig.short_subagent_windows,
+                   help="1-4 s sub-agent windows per train video (perception curriculum)")
+    p.add_argument("--perception-windows", type=int, default=WorldConfig.perception_windows,
+                   help="1-4 s sub-agent windows per train video in paravt_perception_synth.parquet")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")
     a = p.parse_args(argv)
     if a.overwrite and Path(a.out).exists():
         shutil.rmtree(a.out)
     cfg = WorldConfig(seed=a.seed, n_train_videos=a.n_train_videos, n_eval_videos=a.n_eval_videos,
-                      min_duration=a.min_duration, max_duration=a.max_duration)
+                      min_duration=a.min_duration, max_duration=a.max_duration,
+                      short_subagent_windows=a.short_subagent_windows, perception_windows=a.perception_windows)
     stats = build_world(a.out, cfg)
     print(json.dumps(stats, indent=2, sort_keys=True))
     return 0

@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--smoke needs --model and --synthetic")
         common = [f"model={a.model}", f"split_paths={{synthetic: {a.synthetic}}}", "max_new_tokens=400"] + common
     else:
-        proto = spec.get("protocol", {})
-        common += [f"data_root={a.data_root}"] + [f"{k}={v}" for k, v in proto.items()]
+        common.append(f"data_root={a.data_root}")
+    common += [f"{k}={v}" for k, v in spec.get("protocol", {}).items()]
     results = run_rows(spec["rows"], spec["splits"], common, a.out, spec.get("charades_overrides"))
     md = table(results, spec["rows"], spec["splits"])
     Path(a.out).mkdir(parents=True, exist_ok=True)

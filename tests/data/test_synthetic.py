@@ -106,3 +106,30 @@ def test_row_errors_name_file_and_row():
     r = RLRow.from_record({"prompt": [{"role": "user", "content": "<video>\nWhat?"}], "videos": ["v.mp4"],
                            "extra_info": {"answer": "B", "question_type": "mcq", "id": "q7"}}, "f:row 0")
     assert r.question == "What?" and r.sample_id == "q7" and r.video == "v.mp4"
+
+
+def test_perception_rows_are_short_windows_described_correctly(world):
+    """paravt_perception_synth: 1-4 s sub-agent windows, two thirds on an event, and every
+    summary names exactly the events visible at the frames the window samples."""
+    from paravt.core.video import crop_timestamps
+    from paravt.data.synthetic import Event
+
+    specs = json.loads((world / "world.json").read_text())["videos"]
+    rows, rep = load_sft_rows([world / "local" / "paravt_perception_synth.parquet"])
+    assert rep.kept == rep.total == 8 * WorldConfig().perception_windows
+    n_event = 0
+    for r in rows:
+        (user, assistant) = r.messages
+        item = user["content"][0]
+        s, e = item["video_start"], item["video_end"]
+        assert 1.0 - 1e-6 <= e - s <= 4.0 + 1e-6
+        spec = next(v for v in specs.values() if item["video_url"]["url"].endswith(v["rel_path"]))
+        ts = crop_timestamps(spec["duration"] * spec["fps"], spec["fps"], s, e, 1.0, 1, 16)
+        visible = [ev for ev in map(lambda d: Event(**d), spec["events"]) if any(ev.visible_at(t) for t in ts)]
+        text = assistant["content"][0]["text"]
+        n_event += bool(visible)
+        for ev in visible:
+            assert f"A {ev.colour} {ev.shape} is visible" in text
+        if not visible:
+            assert "no coloured shape is visible" in text
+    assert 0.5 <= n_event / len(rows) <= 0.8

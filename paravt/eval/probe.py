@@ -1,0 +1,161 @@
+"""Can the model SEE? Probe the sub-agent on the held-out synthetic videos.
+
+    python -m paravt.eval.probe --model runs/quickstart/sft/final --world runs/quickstart/world
+
+For each eval event the crop_video tool (sub-agent mode, greedy) summarises three windows:
+
+* ``event``: the event ± 6 s (up to 16 frames at 1 fps; the event is in 2-4 of them),
+* ``short``: 2 s centred on the event (2 frames, both usually on the event),
+* ``empty``: 8 s away from every event.
+
+Reported: colour accuracy (the first colour word in the summary is the event's colour; chance
+is 1/8), colour+shape accuracy, the rate at which empty windows are called empty, and the rate
+at which a summary's times fall inside its window. A model that learned only the format scores
+chance on colour and 0 or 1 on "empty" whatever it sees. The features section reports the image
+embedding norm against the text embedding norm and how much the logits move when every pixel is
+zeroed: a collapsed vision pathway shows a large near-constant image embedding and |Δlogit| ≈ 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from paravt.agent.tools import CropConfig, CropVideo, ToolContext
+from paravt.core.toolcall import ToolCall
+from paravt.data.schema import load_rl_rows
+from paravt.data.synthetic import COLOURS
+
+COLOUR_RE = re.compile(r"\b(" + "|".join(COLOURS) + r")\b")
+TIME_RE = re.compile(r"(\d+(?:\.\d+)?) seconds|from (\d+(?:\.\d+)?) to")
+
+
+def _windows(info: dict, events: list[dict], duration: float) -> dict[str, tuple[float, float]]:
+    s, e = info["span"]
+    mid = (s + e) / 2
+    out = {"event": (max(0.0, s - 6.0), min(duration, e + 6.0)),
+           "short": (max(0.0, mid - 1.0), min(duration, mid + 1.0))}
+    # an 8 s window at least 1 s away from every event, scanning from the start
+    t = 0.0
+    while t + 8.0 <= duration:
+        if all(t + 8.0 < ev["start"] - 1.0 or t > ev["end"] + 1.0 for ev in events):
+            out["empty"] = (t, t + 8.0)
+            break
+        t += 1.0
+    return out
+
+
+def _times_inside(text: str, s: float, e: float) -> bool | None:
+    nums = [float(x) for m in TIME_RE.finditer(text) for x in m.groups() if x]
+    if not nums:
+        return None
+    return all(s - 0.6 <= x <= e + 0.6 for x in nums)
+
+
+async def probe_summaries(engine, rows, world: dict, max_tokens: int) -> dict:
+    tool = CropVideo(CropConfig(subagent_temperature=0.0, subagent_max_tokens=max_tokens))
+    jobs, meta = [], []
+    seen_videos: set[str] = set()
+    for r in rows:
+        info = r.extra_info
+        vid = info["video_id"]
+        events = world["videos"][vid]["events"]
+        for kind, (s, e) in _windows(info, events, info["duration"]).items():
+            if kind == "empty" and vid in seen_videos:
+                continue
+            ctx = ToolContext(r.video, info["duration"], engine, engine.processor, seed=0)
+            jobs.append(tool.execute(ToolCall("crop_video", {"start_time": s, "end_time": e}), ctx))
+            meta.append((kind, info, s, e))
+        seen_videos.add(vid)
+    results = await asyncio.gather(*jobs)
+    stats: dict[str, dict[str, float]] = {}
+    examples = []
+    for (kind, info, s, e), res in zip(meta, results):
+        st = stats.setdefault(kind, {"n": 0, "colour": 0, "colour_shape": 0, "says_empty": 0, "times_inside": 0, "times_n": 0})
+        text = res.text
+        st["n"] += 1
+        m = COLOUR_RE.search(text)
+        st["colour"] += bool(m and m.group(1) == info["colour"])
+        st["colour_shape"] += f"{info['colour']} {info['shape']}" in text
+        st["says_empty"] += m is None
+        inside = _times_inside(text, s, e)
+        if inside is not None:
+            st["times_n"] += 1
+            st["times_inside"] += inside
+        if len(examples) < 6:
+            examples.append({"window": kind, "span": [s, e], "gold": f"{info['colour']} {info['shape']} {info['span']}",
+                             "summary": text})
+    table = {}
+    for kind, st in stats.items():
+        n = max(st["n"], 1)
+        table[kind] = {"n": st["n"], "colour_acc": round(st["colour"] / n, 3),
+                       "colour_shape_acc": round(st["colour_shape"] / n, 3),
+                       "says_empty": round(st["says_empty"] / n, 3),
+                       "times_inside_window": round(st["times_inside"] / max(st["times_n"], 1), 3)}
+    return {"windows": table, "examples": examples}
+
+
+@torch.no_grad()
+def feature_stats(engine, rows, n: int = 8) -> dict:
+    """Image embedding norm vs text embedding norm; |Δlogit| at the last prompt position when
+    the pixels of a crop are zeroed."""
+    from paravt.core.prompts import frames_content, subagent_prompt  # noqa: PLC0415
+    from paravt.core.video import sample_crop  # noqa: PLC0415
+
+    model, proc = engine.model, engine.processor
+    norms_img, norms_txt, spread, dlogit = [], [], [], []
+    for r in rows[:n]:
+        s, e = r.extra_info["span"]
+        frames = sample_crop(r.video, max(0.0, s - 6), e + 6)
+        msgs = [{"role": "user", "content": frames_content(frames) + [{"type": "text", "text": "\n" + subagent_prompt(s - 6, e + 6)}]}]
+        text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        inp = proc(text=[text], images=[f.image for f in frames], return_tensors="pt")
+        feats = model.model.get_image_features(inp["pixel_values"], inp["image_grid_thw"], return_dict=True)
+        img = torch.cat(list(feats.pooler_output), 0) if hasattr(feats, "pooler_output") else torch.cat(list(feats[0]), 0)
+        norms_img.append(img.norm(dim=-1).mean().item())
+        spread.append((img.std(0).norm() / img.mean(0).norm().clamp_min(1e-8)).item())
+        norms_txt.append(model.get_input_embeddings()(inp["input_ids"]).norm(dim=-1).mean().item())
+        base = model(**inp).logits[0, -1]
+        zero = dict(inp)
+        zero["pixel_values"] = torch.zeros_like(inp["pixel_values"])
+        dlogit.append((model(**zero).logits[0, -1] - base).abs().mean().item())
+    mean = lambda xs: round(sum(xs) / max(len(xs), 1), 4)  # noqa: E731
+    return {"image_embedding_norm": mean(norms_img), "text_embedding_norm": mean(norms_txt),
+            "image_feature_spread": mean(spread), "mean_abs_dlogit_pixels_zeroed": mean(dlogit)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--world", required=True, help="the synthetic world folder (world.json, local/)")
+    p.add_argument("--limit", type=int, default=60, help="eval events probed (one question row per event)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--out", default=None, help="write the JSON result here too")
+    a = p.parse_args(argv)
+    from paravt.engines.hf import HFEngine  # noqa: PLC0415
+
+    world = json.loads((Path(a.world) / "world.json").read_text())
+    rows, _ = load_rl_rows([str(Path(a.world) / "local" / "paravt_eval_synth.parquet")])
+    rows = [r for r in rows if r.extra_info["question_type"] == "oe"][: a.limit]
+    engine = HFEngine.from_pretrained(a.model)
+    t0 = time.time()
+    out = asyncio.run(probe_summaries(engine, rows, world, a.max_tokens))
+    out["features"] = feature_stats(engine, rows)
+    out["seconds"] = round(time.time() - t0, 1)
+    out["model"] = a.model
+    print(json.dumps(out, indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=1))
+    asyncio.run(engine.close())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

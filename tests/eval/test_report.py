@@ -1,0 +1,37 @@
+"""The quickstart report from stage outputs written in the stages' own formats."""
+
+import json
+
+from paravt.report import main, probe_table, results_table
+
+
+def _summary(score, tool_rate):
+    return {"score": score, "format_compliance": 0.9, "tool_usage_rate": tool_rate, "avg_tool_calls": 2.5,
+            "by_question_type": {"mcq": {"n": 2, "score": 1.0}, "oe": {"n": 2, "score": 0.5}, "tvg": {"n": 2, "score": 0.25}}}
+
+
+def test_report_tables_probe_and_stage_times(tmp_path):
+    summ = {"sft-tool-K4": {"image_url": {"synthetic": _summary(0.6, 1.0)}},
+            "paragrpo-tool-K64": {"image_url": {"synthetic": _summary(0.4, 0.0)}}}
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval/summary_all.json").write_text(json.dumps(summ))
+    (tmp_path / "rl_paragrpo").mkdir()
+    rows = [{"step": i, "reward/total": i / 10, "format/compliance": 0.5 + i / 20, "tools/call_frequency": 0.3,
+             "reward/acc": 0.1 * i} for i in range(1, 6)]
+    (tmp_path / "rl_paragrpo/metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "probe_sft.json").write_text(json.dumps({
+        "windows": {"event": {"colour_acc": 0.9, "colour_shape_acc": 0.3}, "short": {"colour_acc": 0.85},
+                    "empty": {"says_empty": 1.0}}, "features": {"mean_abs_dlogit_pixels_zeroed": 2.5}}))
+    (tmp_path / "stage_seconds.tsv").write_text("sft\t300\neval\t100\neval\t120\n")
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "| SFT, with tools | 4 | 60.0 | 100.0 | 50.0 | 25.0 | 90.0 | 100.0 | 2.50 |" in md
+    assert "| PARA-GRPO | 64 | 40.0 |" in md and "SFT, no tools" not in md
+    assert "| para | format/compliance | 0.550 | 0.750 |" in md  # first vs last fifth (one step each)
+    assert "| sft | 90 | 85 | 100 | 30 | 2.500 |" in md
+    assert "sft 300, eval 120 (sum 420 s)" in md  # the last run of a stage wins
+    assert (tmp_path / "report_curves.png").stat().st_size > 1000
+
+
+def test_empty_inputs_give_empty_tables(tmp_path):
+    assert results_table({}).count("\n") == 2 and probe_table(tmp_path) == ""
