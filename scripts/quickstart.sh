@@ -17,7 +17,7 @@ SEED="${SEED:-0}"
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
   WORLD_ARGS=(--n-train-videos 24 --n-eval-videos 8); PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
 else
-  WORLD_ARGS=(); PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-600}"; RL_STEPS="${RL_STEPS:-30}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
+  WORLD_ARGS=(); PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
 fi
 T0=$(date +%s)
 TS=$T0; STAGE=""
@@ -25,7 +25,7 @@ TS=$T0; STAGE=""
 step() {
   local now; now=$(date +%s)
   if [[ -n "$STAGE" && "${REUSED:-0}" == 0 ]]; then printf '%s\t%s\n' "$STAGE" "$(( now - TS ))" >> "$OUT/stage_seconds.tsv"; fi
-  TS=$now; STAGE="$1"; REUSED=0
+  TS=$now; STAGE="$1"; REUSED=0; shift
   echo; echo "== [$(( now - T0 ))s] $* =="
 }
 reuse() { echo "reusing"; REUSED=1; }

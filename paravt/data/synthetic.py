@@ -227,7 +227,25 @@ def make_question(spec: VideoSpec, ev: Event, qtype: str, r) -> dict[str, Any]:
         text = f"What colour is the {ev.shape}? Answer with one word."
         answer = ev.colour
     return {"question": text, "answer": answer, "question_type": qtype, "shape": ev.shape, "colour": ev.colour,
-            "span": [ev.start, ev.end]}
+            "span": [ev.start, ev.end], "options": options if qtype == "mcq" else None}
+
+
+def restate(q: dict[str, Any]) -> str:
+    """The expert's first sentence: what the question asks and in which form to answer. Later
+    turns read the task from here, a few tokens back, instead of from the question past the
+    frames and tool responses (a tiny model learns that far sooner)."""
+    if q["question_type"] == "mcq":
+        opts = ", ".join(f"{l} {o}" for l, o in zip("ABCD", q["options"]))
+        return f"The question asks the colour of the {q['shape']} as an option letter: {opts}."
+    if q["question_type"] == "oe":
+        return f"The question asks the colour of the {q['shape']} in one word."
+    return f"The question asks when the {q['colour']} {q['shape']} appears, as [start, end] in seconds."
+
+
+def _answer_sentence(q: dict[str, Any]) -> str:
+    if q["question_type"] == "mcq":
+        return f"It is {q['colour']}, option {q['answer']}."
+    return f"It is {q['colour']}."
 
 
 def describe_window(spec: VideoSpec, timestamps: list[float]) -> str:
@@ -272,6 +290,9 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     crops: list[tuple[float, float]] = []
     desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
 
+    def lead(text: str) -> str:  # the first turn opens with the restated task
+        return f"{restate(q)} {text}" if not turns else text
+
     def crop_call(s: float, e: float) -> str:
         crops.append((s, e))
         return format_tool_call("crop_video", {"video_path": spec.name, "start_time": s, "end_time": e})
@@ -285,7 +306,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         mid = (centre_lo + centre_hi) / 2
         s = round(max(0.0, mid - half), 1)
         e = round(min(float(spec.duration), s + cfg.fine_window_s), 1)
-        turns.append(f"{THINK_PREFIX}{why} I will look closely at {s:.1f} to {e:.1f} seconds.\n</think>\n" + crop_call(s, e))
+        turns.append(f"{THINK_PREFIX}{lead(why)} I will look closely at {s:.1f} to {e:.1f} seconds.\n</think>\n" + crop_call(s, e))
         text, hits = crop_response(s, e)
         turns.append([text])
         a, b = (hits[0], hits[-1]) if hits else (s, e)
@@ -296,11 +317,11 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     if seen:
         where = f"at {seen[0]:.1f} seconds" if len(seen) == 1 else f"from {seen[0]:.1f} to {seen[-1]:.1f} seconds"
         if q["question_type"] != "tvg":
-            turns.append(f"{THINK_PREFIX}In the overview {desc} is visible {where}. It is {ev.colour}.\n</think>\n"
+            turns.append(f"{THINK_PREFIX}{lead(f'In the overview {desc} is visible {where}.')} {_answer_sentence(q)}\n</think>\n"
                          f"<answer>{_answer_text(q)}</answer>")
         elif spacing <= 2.0:
             span = (max(0.0, seen[0] - spacing / 2), min(float(spec.duration), seen[-1] + spacing / 2))
-            turns.append(f"{THINK_PREFIX}In the overview {desc} is visible {where}.\n</think>\n"
+            turns.append(f"{THINK_PREFIX}{lead(f'In the overview {desc} is visible {where}.')}\n</think>\n"
                          f"<answer>{_answer_text(q, span)}</answer>")
         else:
             fine_round(seen[0], seen[-1], f"In the overview {desc} is visible {where}, but the frames are sparse.")
@@ -308,7 +329,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
 
     windows = _windows(spec.duration, cfg.coarse_window_s)
     calls = "\n".join(crop_call(s, e) for s, e in windows)
-    turns.append(f"{THINK_PREFIX}{desc.capitalize()} is not visible in the overview frames. "
+    turns.append(f"{THINK_PREFIX}{lead(desc.capitalize() + ' is not visible in the overview frames.')} "
                  f"I will check {len(windows)} windows of the video in parallel.\n</think>\n{calls}")
     responses, hits = [], []
     for s, e in windows:
@@ -320,7 +341,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         turns.append(f"{THINK_PREFIX}{desc.capitalize()} was not found.\n</think>\n<answer>unknown</answer>")
     elif q["question_type"] != "tvg":
         turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible from {hits[0]:.1f} to {hits[-1]:.1f} seconds. "
-                     f"It is {ev.colour}.\n</think>\n<answer>{_answer_text(q)}</answer>")
+                     f"{_answer_sentence(q)}\n</think>\n<answer>{_answer_text(q)}</answer>")
     else:
         fine_round(hits[0], hits[-1], f"{desc.capitalize()} is visible near {hits[0]:.1f} seconds.")
     return {"turns": turns, "crops": crops}
