@@ -84,6 +84,7 @@ class WorldConfig:
     extra_subagent_windows: int = 4  # random crop windows per train video, as extra sub-agent SFT rows
     short_subagent_windows: int = 0  # 1-4 s sub-agent windows per train video mixed into the SFT parquet
     perception_windows: int = 24  # 1-4 s sub-agent windows per train video in paravt_perception_synth.parquet
+    text_only_main_rows: bool = False  # SFT: also each tool-path expert trace with no overview frames (tried: no clear gain)
     system_mode: str = "agentic_general"
 
     def __post_init__(self):
@@ -366,13 +367,12 @@ def rl_record(spec: VideoSpec, q: dict[str, Any], qid: str) -> dict[str, Any]:
 
 
 def sft_main_messages(spec: VideoSpec, q: dict[str, Any], k: int, traj: dict[str, Any], system: str) -> list[dict[str, Any]]:
+    """The main agent's conversation; ``k == 0``: text only (no overview frames)."""
+    video = [{"type": "video_url", "video_url": {"url": spec.rel_path}, "nframes": k}] if k else []
     msgs: list[dict[str, Any]] = [
         {"role": "system", "content": [{"type": "text", "text": system}]},
-        {"role": "user", "content": [
-            {"type": "text", "text": _video_header(spec)},
-            {"type": "video_url", "video_url": {"url": spec.rel_path}, "nframes": k},
-            {"type": "text", "text": "\n" + q["question"]},
-        ]},
+        {"role": "user", "content": [{"type": "text", "text": _video_header(spec)}, *video,
+                                     {"type": "text", "text": "\n" + q["question"]}]},
     ]
     for turn in traj["turns"]:
         if isinstance(turn, list):
@@ -445,7 +445,7 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
             write_video(spec, path)
 
     sft, rl, ev_rows = [], [], []
-    n_sub = 0
+    n_sub = n_text = 0
     for split, rows in (("train", rl), ("eval", ev_rows)):
         for spec in specs[split]:
             r = py_rng(cfg.seed, "questions", spec.id)
@@ -466,6 +466,13 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
                                     "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)),
                                     "videos": [{"video": spec.rel_path}]})
                         n_sub += 1
+                    if cfg.text_only_main_rows:  # the tool path without overview frames (K = 4 trace)
+                        t4 = expert_trajectory(spec, q, 4, cfg)
+                        if len(t4["turns"]) > 1:
+                            sft.append({"id": f"{qid}_text", "kind": "main_text", "nframes": 0,
+                                        "messages": json.dumps(sft_main_messages(spec, q, 0, t4, system)),
+                                        "videos": [{"video": spec.rel_path}]})
+                            n_text += 1
     for spec in specs["train"]:  # extra perception practice: random windows, half of them on an event
         r = py_rng(cfg.seed, "extra-windows", spec.id)
         for j in range(cfg.extra_subagent_windows):
@@ -492,7 +499,8 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
     world = {"config": asdict(cfg), "videos": {s.id: asdict(s) for s in all_specs}}
     (out / "world.json").write_text(json.dumps(world, indent=1, sort_keys=True))
     stats = world_stats(specs, cfg)
-    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "sft_main_rows": len(sft) - n_sub, "sft_subagent_rows": n_sub,
+    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "sft_main_rows": len(sft) - n_sub - n_text,
+                  "sft_text_only_main_rows": n_text, "sft_subagent_rows": n_sub,
                   "rl_rows": len(rl), "eval_rows": len(ev_rows), "build_seconds": round(time.time() - t0, 2),
                   "media_bytes": sum(p.stat().st_size for p in media.rglob("*.mp4"))})
     (out / "world_stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True))

@@ -133,3 +133,15 @@ def test_perception_rows_are_short_windows_described_correctly(world):
         if not visible:
             assert "no coloured shape is visible" in text
     assert 0.5 <= n_event / len(rows) <= 0.8
+
+
+def test_text_only_main_rows_take_the_tool_path(tmp_path):
+    """WorldConfig.text_only_main_rows: each tool-path expert trace again with no overview frames."""
+    build_world(tmp_path, WorldConfig(seed=0, n_train_videos=4, n_eval_videos=1, text_only_main_rows=True), progress=False)
+    rows, _ = load_sft_rows([tmp_path / "parquet" / "paravt_sft_synth.parquet"], check_media=False)
+    text_only = [r for r in rows if r.messages[0]["role"] == "system"
+                 and not any(i.get("type") == "video_url" for i in r.messages[1]["content"])]
+    stats = json.loads((tmp_path / "world_stats.json").read_text())
+    assert len(text_only) == stats["sft_text_only_main_rows"] > 0
+    assert all(parse_tool_calls(r.messages[2]["content"][0]["text"]).calls for r in text_only)
+    assert all(r.messages[2]["content"][0]["text"].startswith("<think>\nThe question asks") for r in text_only)
