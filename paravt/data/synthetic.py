@@ -409,12 +409,20 @@ def short_window_rows(spec: VideoSpec, cfg: WorldConfig, tag: str, n: int) -> li
             centre = r.uniform(ev.start, ev.end)
         else:
             centre = r.uniform(0, spec.duration)
-        s = round(max(0.0, min(spec.duration - length, centre - length / 2)), 1)
-        e = round(min(float(spec.duration), s + length), 1)
-        rows.append({"id": f"{spec.id}_{tag}{j}", "kind": "subagent", "nframes": 0,
-                     "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)),
-                     "videos": [{"video": spec.rel_path}]})
+        rows.append(window_row(spec, cfg, f"{spec.id}_{tag}{j}", centre, length))
     return rows
+
+
+def subagent_row(spec: VideoSpec, cfg: WorldConfig, row_id: str, s: float, e: float) -> dict[str, Any]:
+    return {"id": row_id, "kind": "subagent", "nframes": 0,
+            "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)), "videos": [{"video": spec.rel_path}]}
+
+
+def window_row(spec: VideoSpec, cfg: WorldConfig, row_id: str, centre: float, length: float) -> dict[str, Any]:
+    """A sub-agent row on a ``length``-second window around ``centre``, kept inside the video."""
+    s = round(max(0.0, min(spec.duration - length, centre - length / 2)), 1)
+    e = round(min(float(spec.duration), s + length), 1)
+    return subagent_row(spec, cfg, row_id, s, e)
 
 
 def _write_parquet(records: list[dict[str, Any]], path: Path) -> None:
@@ -462,9 +470,7 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
                                 "messages": json.dumps(sft_main_messages(spec, q, k, traj, system)),
                                 "videos": [{"video": spec.rel_path}]})
                     for s, e in traj["crops"]:
-                        sft.append({"id": f"{qid}_sub{n_sub}", "kind": "subagent", "nframes": 0,
-                                    "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)),
-                                    "videos": [{"video": spec.rel_path}]})
+                        sft.append(subagent_row(spec, cfg, f"{qid}_sub{n_sub}", s, e))
                         n_sub += 1
                     if cfg.text_only_main_rows:  # the tool path without overview frames (K = 4 trace)
                         t4 = expert_trajectory(spec, q, 4, cfg)
@@ -482,11 +488,7 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
                 centre = (ev.start + ev.end) / 2 + r.uniform(-length / 3, length / 3)
             else:
                 centre = r.uniform(0, spec.duration)
-            s = round(max(0.0, min(spec.duration - length, centre - length / 2)), 1)
-            e = round(min(float(spec.duration), s + length), 1)
-            sft.append({"id": f"{spec.id}_win{j}", "kind": "subagent", "nframes": 0,
-                        "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)),
-                        "videos": [{"video": spec.rel_path}]})
+            sft.append(window_row(spec, cfg, f"{spec.id}_win{j}", centre, length))
             n_sub += 1
         sft += short_window_rows(spec, cfg, "short", cfg.short_subagent_windows)
         n_sub += cfg.short_subagent_windows
