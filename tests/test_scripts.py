@@ -35,3 +35,6 @@ def test_perception_probe_reports_every_window(world, tiny_dir, tmp_path):
     assert set(res["features"]) == {"image_embedding_norm", "text_embedding_norm", "image_feature_spread",
                                     "mean_abs_dlogit_pixels_zeroed"}
     assert all(math.isfinite(v) and v > 0 for v in res["features"].values())
+    rd = res["reading"]  # text-only lookup tasks on fresh videos: a random-init model does not read them
+    assert rd["n"] == 3 and len(rd["examples"]) == 3 and rd["exact"] == 0.0
+    assert all(ex["expected"].startswith("The question asks") for ex in rd["examples"])

@@ -81,9 +81,13 @@ class WorldConfig:
     coarse_window_s: float = 30.0  # expert's first-round crop length (16 frames → ≤1.9 s apart)
     fine_window_s: float = 12.0  # expert's temporal-refinement crop length (1 fps)
     crop_max_frames: int = 16
-    extra_subagent_windows: int = 4  # random crop windows per train video, as extra sub-agent SFT rows
+    # random crop windows per train video, as extra sub-agent SFT rows. 0: the perception stage now
+    # teaches the sub-agent skill, and 4 (the old default) diluted the main-agent rows of the SFT mix
+    # (K = 4 with tools on 90 held-out questions: 2.2% with 4, 7.8% with 0; session-2 measurement).
+    extra_subagent_windows: int = 0
     short_subagent_windows: int = 0  # 1-4 s sub-agent windows per train video mixed into the SFT parquet
     perception_windows: int = 24  # 1-4 s sub-agent windows per train video in paravt_perception_synth.parquet
+    text_skill_rows: int = 0  # text-only copy / lookup rows in paravt_text_synth.parquet (tried mixed into perception: no copying, perception lost)
     text_only_main_rows: bool = False  # SFT: also each tool-path expert trace with no overview frames (tried: no clear gain)
     system_mode: str = "agentic_general"
 
@@ -413,6 +417,60 @@ def short_window_rows(spec: VideoSpec, cfg: WorldConfig, tag: str, n: int) -> li
     return rows
 
 
+COPY_WORDS = (*sorted(COLOURS), *SHAPES, "A", "B", "C", "D", "option", "visible", "from", "to", "at", "seconds",
+              "the", "is", "no", "coloured", "shape", "window", "question", "colour", "appears")
+
+
+def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | None:
+    """A text-only reading task: the reports a perfect sub-agent writes for the coarse windows of a
+    random, unrendered video (``make_spec(cfg, split, j)``) plus a question about one event. The
+    answer restates the task and copies the matching report's times and colour, in the words of
+    the expert traces. None when the coarse frames miss the event."""
+    spec = make_spec(cfg, split, j)
+    ev = r.choice(spec.events)
+    q = make_question(spec, ev, r.choice(QUESTION_TYPES), r)
+    reports, hits = [], []
+    for s, e in _windows(spec.duration, cfg.coarse_window_s):
+        ts = crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, cfg.crop_max_frames)
+        reports.append(f"[{s:.1f}-{e:.1f} s] {describe_window(spec, ts)}")
+        hits += [t for t in ts if ev.visible_at(t)]
+    if not hits:
+        return None
+    desc = f"The {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"The {ev.shape}"
+    answer = f"{restate(q)} {desc} is visible from {hits[0]:.1f} to {hits[-1]:.1f} seconds."
+    if q["question_type"] != "tvg":
+        answer += f" {_answer_sentence(q)}"
+    return {"user": "Reports:\n" + "\n".join(reports) + f"\n{q['question']}", "answer": answer, "question": q,
+            "hits": [hits[0], hits[-1]]}
+
+
+def text_skill_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
+    """Text-only reading practice for the random-init tiny base (no video, no system prompt).
+
+    Qwen3-VL-8B arrives able to copy from its context; the tiny model does not, and the cold-start
+    data alone does not teach it in a CPU budget (measured: after SFT its next-token logits for the
+    restated shape did not move when the question's shape was swapped). Half the rows are "repeat
+    exactly" over random word/number strings (induction copying), half are ``lookup_example``s."""
+    r = py_rng(cfg.seed, "text-skills")
+    rows = []
+    for j in range(n):
+        if j % 2 == 0:
+            words = [r.choice(COPY_WORDS) if r.random() < 0.6 else
+                     (f"clip_{r.randrange(10000):04d}.mp4" if r.random() < 0.2 else f"{r.randrange(2400) / 2:.1f}")
+                     for _ in range(r.randint(4, 24))]
+            text = " ".join(words)
+            user, answer = f"Repeat exactly: {text}", text
+        else:
+            ex = lookup_example(cfg, "text", j, r)
+            if ex is None:
+                continue
+            user, answer = ex["user"], ex["answer"]
+        rows.append({"id": f"text_{j:05d}", "kind": "text", "nframes": 0, "videos": [],
+                     "messages": json.dumps([{"role": "user", "content": [{"type": "text", "text": user}]},
+                                             {"role": "assistant", "content": [{"type": "text", "text": answer}]}])})
+    return rows
+
+
 def subagent_row(spec: VideoSpec, cfg: WorldConfig, row_id: str, s: float, e: float) -> dict[str, Any]:
     return {"id": row_id, "kind": "subagent", "nframes": 0,
             "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)), "videos": [{"video": spec.rel_path}]}
@@ -495,13 +553,16 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
     perception = [row for spec in specs["train"] for row in short_window_rows(spec, cfg, "perception", cfg.perception_windows)]
     _write_parquet(sft, parquet_dir / "paravt_sft_synth.parquet")
     _write_parquet(perception, parquet_dir / "paravt_perception_synth.parquet")
+    text = text_skill_rows(cfg, cfg.text_skill_rows)
+    if text:
+        _write_parquet(text, parquet_dir / "paravt_text_synth.parquet")
     _write_parquet(rl, parquet_dir / "paravt_rl_synth.parquet")
     _write_parquet(ev_rows, parquet_dir / "paravt_eval_synth.parquet")
 
     world = {"config": asdict(cfg), "videos": {s.id: asdict(s) for s in all_specs}}
     (out / "world.json").write_text(json.dumps(world, indent=1, sort_keys=True))
     stats = world_stats(specs, cfg)
-    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "sft_main_rows": len(sft) - n_sub - n_text,
+    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "text_skill_rows": len(text), "sft_main_rows": len(sft) - n_sub - n_text,
                   "sft_text_only_main_rows": n_text, "sft_subagent_rows": n_sub,
                   "rl_rows": len(rl), "eval_rows": len(ev_rows), "build_seconds": round(time.time() - t0, 2),
                   "media_bytes": sum(p.stat().st_size for p in media.rglob("*.mp4"))})
@@ -535,15 +596,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-duration", type=int, default=WorldConfig.max_duration)
     p.add_argument("--short-subagent-windows", type=int, default=WorldConfig.short_subagent_windows,
                    help="1-4 s sub-agent windows per train video (perception curriculum)")
+    p.add_argument("--extra-subagent-windows", type=int, default=WorldConfig.extra_subagent_windows,
+                   help="random 6-30 s sub-agent windows per train video added to the SFT parquet")
     p.add_argument("--perception-windows", type=int, default=WorldConfig.perception_windows,
                    help="1-4 s sub-agent windows per train video in paravt_perception_synth.parquet")
+    p.add_argument("--text-skill-rows", type=int, default=WorldConfig.text_skill_rows,
+                   help="text-only copy / lookup rows in paravt_text_synth.parquet")
+    p.add_argument("--system-mode", default=WorldConfig.system_mode,
+                   help="system prompt of the expert main-agent traces (a mode of paravt.core.prompts)")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")
     a = p.parse_args(argv)
     if a.overwrite and Path(a.out).exists():
         shutil.rmtree(a.out)
     cfg = WorldConfig(seed=a.seed, n_train_videos=a.n_train_videos, n_eval_videos=a.n_eval_videos,
                       min_duration=a.min_duration, max_duration=a.max_duration,
-                      short_subagent_windows=a.short_subagent_windows, perception_windows=a.perception_windows)
+                      short_subagent_windows=a.short_subagent_windows, perception_windows=a.perception_windows,
+                      extra_subagent_windows=a.extra_subagent_windows, system_mode=a.system_mode,
+                      text_skill_rows=a.text_skill_rows)
     stats = build_world(a.out, cfg)
     print(json.dumps(stats, indent=2, sort_keys=True))
     return 0

@@ -14,6 +14,13 @@ at which a summary's times fall inside its window. A model that learned only the
 chance on colour and 0 or 1 on "empty" whatever it sees. The features section reports the image
 embedding norm against the text embedding norm and how much the logits move when every pixel is
 zeroed: a collapsed vision pathway shows a large near-constant image embedding and |Δlogit| ≈ 0.
+
+Can the model READ? The ``reading`` section gives the model, as plain text, the reports a perfect
+sub-agent writes for the coarse windows of fresh random videos plus a question
+(``paravt.data.synthetic.lookup_example``, a split never trained on) and checks the greedy answer:
+the restated shape is the question's, the colour and the times are copied from the matching
+report. This is the main agent's last step with perfect perception: a model that cannot copy
+from its context scores chance here (1/3 shape, 1/8 colour) however well its sub-agents see.
 """
 
 from __future__ import annotations
@@ -31,8 +38,11 @@ import torch
 from paravt.agent.tools import CropConfig, CropVideo, ToolContext
 from paravt.core.toolcall import ToolCall
 from paravt.data.schema import load_rl_rows
-from paravt.data.synthetic import COLOURS
+from paravt.core.seeding import py_rng
+from paravt.data.synthetic import COLOURS, SHAPES, WorldConfig, lookup_example
+from paravt.engines.base import SamplingParams
 
+SHAPE_RE = re.compile(r"\b(" + "|".join(SHAPES) + r")\b")
 COLOUR_RE = re.compile(r"\b(" + "|".join(COLOURS) + r")\b")
 TIME_RE = re.compile(r"(\d+(?:\.\d+)?) seconds|from (\d+(?:\.\d+)?) to")
 
@@ -102,6 +112,43 @@ async def probe_summaries(engine, rows, world: dict, max_tokens: int) -> dict:
     return {"windows": table, "examples": examples}
 
 
+async def probe_reading(engine, cfg: WorldConfig, n: int, max_tokens: int = 96) -> dict:
+    """Greedy answers to ``n`` text-only lookup tasks on fresh random videos (split "probe")."""
+    r = py_rng(cfg.seed, "reading-probe")
+    exs: list[dict] = []
+    j = 0
+    while len(exs) < n:
+        ex = lookup_example(cfg, "probe", j, r)
+        j += 1
+        if ex is not None:
+            exs.append(ex)
+    tok = engine.processor.tokenizer
+    jobs = []
+    for ex in exs:
+        msgs = [{"role": "user", "content": [{"type": "text", "text": ex["user"]}]}]
+        text = engine.processor.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        jobs.append(engine.generate(tok(text, add_special_tokens=False)["input_ids"], None,
+                                    SamplingParams(temperature=0.0, max_new_tokens=max_tokens)))
+    outs = await asyncio.gather(*jobs)
+    n_shape = n_colour = n_times = n_exact = 0
+    examples = []
+    for ex, out in zip(exs, outs):
+        got = tok.decode(out.token_ids, skip_special_tokens=True).strip()
+        q = ex["question"]
+        first = got.split(".")[0]
+        shapes = SHAPE_RE.findall(first)
+        n_shape += bool(shapes) and shapes[0] == q["shape"]
+        found = COLOUR_RE.findall(got.split("seconds")[-1] if q["question_type"] != "tvg" else first)
+        n_colour += bool(found) and found[-1] == q["colour"]
+        n_times += f"from {ex['hits'][0]:.1f} to {ex['hits'][1]:.1f} seconds" in got
+        n_exact += got == ex["answer"]
+        if len(examples) < 4:
+            examples.append({"question": q["question"], "expected": ex["answer"], "got": got})
+    k = max(len(exs), 1)
+    return {"n": len(exs), "restated_shape_acc": round(n_shape / k, 3), "colour_acc": round(n_colour / k, 3),
+            "times_copied": round(n_times / k, 3), "exact": round(n_exact / k, 3), "examples": examples}
+
+
 @torch.no_grad()
 def feature_stats(engine, rows, n: int = 8) -> dict:
     """Image embedding norm vs text embedding norm; |Δlogit| at the last prompt position when
@@ -148,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     out = asyncio.run(probe_summaries(engine, rows, world, a.max_tokens))
     out["features"] = feature_stats(engine, rows)
+    out["reading"] = asyncio.run(probe_reading(engine, WorldConfig(**world["config"]), a.limit))
     out["seconds"] = round(time.time() - t0, 1)
     out["model"] = a.model
     print(json.dumps(out, indent=1))
