@@ -6,6 +6,11 @@ Reads ``OUT/eval/summary_all.json`` (eval driver), ``OUT/rl_vanilla/metrics.json
 ``OUT/rl_paragrpo/metrics.jsonl`` (RL), ``OUT/sft/metrics.jsonl`` (SFT), ``OUT/probe_*.json``
 (:mod:`paravt.eval.probe`: what the sub-agents see) and ``OUT/stage_seconds.tsv``; writes
 ``OUT/report.md`` and ``OUT/report_curves.png``; prints the results table.
+
+The paper's effects are differences between cells evaluated on the SAME held-out questions, so
+the report also gives each planned comparison as a paired difference with a 95% bootstrap
+interval over questions (``paired_delta``): with 30 questions one question moves a score by 3.3
+points, and a difference whose interval contains 0 is reported as not shown.
 """
 
 from __future__ import annotations
@@ -17,9 +22,15 @@ import time
 from pathlib import Path
 
 from paravt.core.metrics import read_jsonl
+from paravt.core.seeding import rng
 
 ROWS = [("sft-notool", "SFT, no tools"), ("sft-tool", "SFT, with tools"), ("vanilla-tool", "vanilla GRPO"),
         ("paragrpo-tool", "PARA-GRPO")]
+# (what the paper says, row B, row A, K): the effect is B - A on the same questions.
+COMPARISONS = [("tools help at small K (SFT)", "sft-tool", "sft-notool", 4),
+               ("PARA-GRPO vs vanilla GRPO", "paragrpo-tool", "vanilla-tool", 4),
+               ("PARA-GRPO vs vanilla GRPO", "paragrpo-tool", "vanilla-tool", 64),
+               ("RL vs SFT (PARA-GRPO)", "paragrpo-tool", "sft-tool", 4)]
 CURVES = ["format/compliance", "tools/call_frequency", "reward/acc", "reward/total"]
 
 
@@ -49,6 +60,49 @@ def results_table(summary_all: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paired_delta(a: dict[str, float], b: dict[str, float], n_boot: int = 10000, seed: int = 0) -> dict:
+    """Mean of ``b[q] - a[q]`` over the questions both cells answered, with a 95% percentile
+    bootstrap interval (questions resampled with replacement; the draw is seeded by ``seed``)
+    and the counts of questions where B scored higher / lower than A."""
+    ids = sorted(set(a) & set(b))
+    if not ids:
+        return {"n": 0}
+    import numpy as np  # noqa: PLC0415
+
+    d = np.array([float(b[q]) - float(a[q]) for q in ids])
+    boots = d[rng("paired_delta", seed).integers(0, len(d), size=(n_boot, len(d)))].mean(1)
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return {"n": len(ids), "delta": float(d.mean()), "lo": float(lo), "hi": float(hi),
+            "b_better": int((d > 0).sum()), "a_better": int((d < 0).sum())}
+
+
+def per_question(out: Path, row: str, key: str = "score") -> dict[str, float]:
+    """``{question id: key}`` from the eval driver's per-question file of one row (``well_formed`` as 0/1)."""
+    p = out / "eval" / row / "image_url" / "synthetic.jsonl"
+    return {r["id"]: float(r.get(key) or 0.0) for r in read_jsonl(p)} if p.exists() else {}
+
+
+def effects_table(out: Path, seed: int = 0) -> str:
+    lines = []
+    for name, b, a, k in COMPARISONS:
+        for key, label in (("score", "score"), ("well_formed", "format compliance")):
+            r = paired_delta(per_question(out, f"{a}-K{k}", key), per_question(out, f"{b}-K{k}", key), seed=seed)
+            if not r["n"]:
+                continue
+            shown = "yes" if r["lo"] > 0 else ("reversed" if r["hi"] < 0 else "no (interval contains 0)")
+            lines.append(f"| {name} | {k} | {label} | {100 * r['delta']:+.1f} | [{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] | "
+                         f"{r['b_better']} / {r['a_better']} of {r['n']} | {shown} |")
+    if not lines:
+        return ""
+    head = ["| effect (B − A) | K | metric | Δ (points) | 95% bootstrap interval | questions B better / A better | shown |",
+            "|---|---|---|---|---|---|---|"]
+    return "\n".join(head + lines) + "\n"
+
+
+def _gain(c: dict | None) -> str:
+    return "" if not c else f"{100 * c['repeat_acc']:.0f} − {100 * c['first_acc']:.0f}"
+
+
 def probe_table(out: Path) -> str:
     """Sub-agent perception of each probed checkpoint (``OUT/probe_<name>.json``)."""
     lines = []
@@ -59,11 +113,12 @@ def probe_table(out: Path) -> str:
         lines.append(f"| {p.stem[len('probe_'):]} | {cells[0]} | {cells[1]} | "
                      f"{100 * w.get('empty', {}).get('says_empty', 0):.0f} | "
                      f"{100 * w.get('event', {}).get('colour_shape_acc', 0):.0f} | "
-                     f"{res.get('features', {}).get('mean_abs_dlogit_pixels_zeroed', float('nan')):.3f} |")
+                     f"{res.get('features', {}).get('mean_abs_dlogit_pixels_zeroed', float('nan')):.3f} | "
+                     f"{_gain(res.get('copying'))} |")
     if not lines:
         return ""
-    head = ["| checkpoint | colour acc, event ±6 s | colour acc, 2 s | empty window called empty | colour+shape, event | mean abs Δlogit, pixels zeroed |",
-            "|---|---|---|---|---|---|"]
+    head = ["| checkpoint | colour acc, event ±6 s | colour acc, 2 s | empty window called empty | colour+shape, event | mean abs Δlogit, pixels zeroed | copying: repeat − first acc |",
+            "|---|---|---|---|---|---|---|"]
     return "\n".join(head + lines) + "\n"
 
 
@@ -113,11 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     md = [f"# Quickstart report ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {platform.node()})", "",
           "Held-out synthetic eval set; K = overview frames. score = accuracy (mcq, oe) and temporal IoU (tvg) averaged;",
           "all in %. Tools run as weight-sharing sub-agents (greedy), as in training.",
-          "", table, "", "RL training curves (first fifth vs last fifth of the steps):", "",
+          "", table, ""]
+    effects = effects_table(out)
+    if effects:
+        md += ["The paper's effects as paired differences on the same questions (B − A; "
+               "`paravt.report.paired_delta`, 10 000 resamples):", "", effects, ""]
+    md += ["RL training curves (first fifth vs last fifth of the steps):", "",
           "| run | metric | start | end |", "|---|---|---|---|", *first_last, ""]
     probes = probe_table(out)
     if probes:
-        md += ["What the sub-agents see (python -m paravt.eval.probe; held-out videos, greedy; chance colour acc 12.5%):",
+        md += ["What the sub-agents see (python -m paravt.eval.probe; held-out videos, greedy; chance colour acc 12.5%; copying = teacher-forced accuracy on a repeated world sentence vs its first occurrence):",
                "", probes, ""]
     if (out / "stage_seconds.tsv").exists():  # written by scripts/quickstart.sh; the last run of a stage wins
         st = dict(line.split("\t") for line in (out / "stage_seconds.tsv").read_text().splitlines() if "\t" in line)
@@ -129,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         md += ["![sft loss](sft/loss_curve.png)", ""]
     (out / "report.md").write_text("\n".join(md))
     print(table)
+    if effects:
+        print(effects)
     print("\n".join(first_last))
     if probes:
         print("\n" + probes)

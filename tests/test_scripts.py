@@ -38,3 +38,5 @@ def test_perception_probe_reports_every_window(world, tiny_dir, tmp_path):
     rd = res["reading"]  # text-only lookup tasks on fresh videos: a random-init model does not read them
     assert rd["n"] == 3 and len(rd["examples"]) == 3 and rd["exact"] == 0.0
     assert all(ex["expected"].startswith("The question asks") for ex in rd["examples"])
+    cp = res["copying"]  # the random-init tiny model has no induction circuit
+    assert cp["n"] == 40 and cp["tokens"] > 300 and abs(cp["repeat_gain"]) < 0.1

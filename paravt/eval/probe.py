@@ -21,6 +21,12 @@ sub-agent writes for the coarse windows of fresh random videos plus a question
 the restated shape is the question's, the colour and the times are copied from the matching
 report. This is the main agent's last step with perfect perception: a model that cannot copy
 from its context scores chance here (1/3 shape, 1/8 colour) however well its sub-agents see.
+
+Does the model COPY at all? The ``copying`` section is format-free (no chat template, so it
+works on any checkpoint, the random-init base included): teacher-forced next-token accuracy on
+a world sentence ("A red circle is visible from 12.0 to 15.5 seconds.") the first time it
+appears and again after three other sentences. A model with an induction circuit predicts the
+repeat far better than the first occurrence (``repeat_gain`` > 0); a local n-gram model does not.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from paravt.agent.tools import CropConfig, CropVideo, ToolContext
 from paravt.core.toolcall import ToolCall
 from paravt.data.schema import load_rl_rows
 from paravt.core.seeding import py_rng
-from paravt.data.synthetic import COLOURS, SHAPES, WorldConfig, lookup_example
+from paravt.data.synthetic import COLOURS, SHAPES, WorldConfig, lookup_example, make_spec
 from paravt.engines.base import SamplingParams
 
 SHAPE_RE = re.compile(r"\b(" + "|".join(SHAPES) + r")\b")
@@ -178,6 +184,30 @@ def feature_stats(engine, rows, n: int = 8) -> dict:
             "image_feature_spread": mean(spread), "mean_abs_dlogit_pixels_zeroed": mean(dlogit)}
 
 
+@torch.no_grad()
+def copy_stats(model, tokenizer, cfg: WorldConfig, n: int = 40, fillers: int = 3) -> dict:
+    """Teacher-forced accuracy on tokens 3.. of a world sentence at its first occurrence and at
+    its repeat after ``fillers`` other sentences (fresh videos of the never-trained "probe" split)."""
+    def sentence(ev) -> str:
+        return f"A {ev.colour} {ev.shape} is visible from {ev.start:.1f} to {ev.end:.1f} seconds."
+
+    sents = [sentence(ev) for j in range(n * (fillers + 1)) for ev in make_spec(cfg, "probe", j).events[:1]]
+    first = repeat = total = 0
+    for i in range(n):
+        target, filler = sents[i * (fillers + 1)], sents[i * (fillers + 1) + 1: (i + 1) * (fillers + 1)]
+        a = tokenizer(target, add_special_tokens=False).input_ids
+        f = tokenizer(" " + " ".join(filler) + " ", add_special_tokens=False).input_ids
+        ids = torch.tensor([a + f + a])
+        pred = model(input_ids=ids).logits[0].argmax(-1)
+        o = len(a) + len(f)
+        for j in range(3, len(a)):
+            first += int(pred[j - 1] == ids[0, j])
+            repeat += int(pred[o + j - 1] == ids[0, o + j])
+            total += 1
+    return {"n": n, "tokens": total, "first_acc": round(first / max(total, 1), 3),
+            "repeat_acc": round(repeat / max(total, 1), 3), "repeat_gain": round((repeat - first) / max(total, 1), 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -196,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     out = asyncio.run(probe_summaries(engine, rows, world, a.max_tokens))
     out["features"] = feature_stats(engine, rows)
     out["reading"] = asyncio.run(probe_reading(engine, WorldConfig(**world["config"]), a.limit))
+    out["copying"] = copy_stats(engine.model, engine.processor.tokenizer, WorldConfig(**world["config"]))
     out["seconds"] = round(time.time() - t0, 1)
     out["model"] = a.model
     print(json.dumps(out, indent=1))

@@ -2,7 +2,7 @@
 
 import json
 
-from paravt.report import main, probe_table, results_table
+from paravt.report import effects_table, main, paired_delta, probe_table, results_table
 
 
 def _summary(score, tool_rate):
@@ -21,17 +21,44 @@ def test_report_tables_probe_and_stage_times(tmp_path):
     (tmp_path / "rl_paragrpo/metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (tmp_path / "probe_sft.json").write_text(json.dumps({
         "windows": {"event": {"colour_acc": 0.9, "colour_shape_acc": 0.3}, "short": {"colour_acc": 0.85},
-                    "empty": {"says_empty": 1.0}}, "features": {"mean_abs_dlogit_pixels_zeroed": 2.5}}))
+                    "empty": {"says_empty": 1.0}}, "features": {"mean_abs_dlogit_pixels_zeroed": 2.5},
+        "copying": {"first_acc": 0.3, "repeat_acc": 0.815}}))
     (tmp_path / "stage_seconds.tsv").write_text("sft\t300\neval\t100\neval\t120\n")
     assert main([str(tmp_path)]) == 0
     md = (tmp_path / "report.md").read_text()
     assert "| SFT, with tools | 4 | 60.0 | 100.0 | 50.0 | 25.0 | 90.0 | 100.0 | 2.50 |" in md
     assert "| PARA-GRPO | 64 | 40.0 |" in md and "SFT, no tools" not in md
     assert "| para | format/compliance | 0.550 | 0.750 |" in md  # first vs last fifth (one step each)
-    assert "| sft | 90 | 85 | 100 | 30 | 2.500 |" in md
+    assert "| sft | 90 | 85 | 100 | 30 | 2.500 | 82 − 30 |" in md
     assert "sft 300, eval 120 (sum 420 s)" in md  # the last run of a stage wins
     assert (tmp_path / "report_curves.png").stat().st_size > 1000
 
 
 def test_empty_inputs_give_empty_tables(tmp_path):
     assert results_table({}).count("\n") == 2 and probe_table(tmp_path) == ""
+
+
+def test_paired_delta_interval_and_counts():
+    a = {f"q{i}": 0.0 for i in range(30)}
+    assert paired_delta(a, dict(a)) == {"n": 30, "delta": 0.0, "lo": 0.0, "hi": 0.0, "b_better": 0, "a_better": 0}
+    strong = {q: 1.0 if i < 20 else 0.0 for i, q in enumerate(a)}  # B right on 20 of 30, A on none
+    r = paired_delta(a, strong)
+    assert r["b_better"] == 20 and abs(r["delta"] - 2 / 3) < 1e-9 and 0.45 < r["lo"] < r["delta"] < r["hi"] < 0.85
+    weak = {q: 1.0 if i < 2 else 0.0 for i, q in enumerate(a)}  # 2 of 30: 0 is inside the interval
+    assert paired_delta(a, weak)["lo"] <= 0.0 < paired_delta(a, weak)["hi"]
+    assert paired_delta(a, weak, seed=3) == paired_delta(a, weak, seed=3)
+    assert paired_delta(a, {"other": 1.0}) == {"n": 0}  # only questions both cells answered count
+
+
+def test_effects_table_from_per_question_files(tmp_path):
+    def write(row, scores, formed):
+        d = tmp_path / "eval" / row / "image_url"
+        d.mkdir(parents=True)
+        d.joinpath("synthetic.jsonl").write_text("".join(
+            json.dumps({"id": f"q{i}", "score": s, "well_formed": w}) + "\n" for i, (s, w) in enumerate(zip(scores, formed))))
+    write("sft-notool-K4", [0.0] * 40, [False] * 40)
+    write("sft-tool-K4", [1.0] * 30 + [0.0] * 10, [True] * 40)
+    md = effects_table(tmp_path)
+    assert "| tools help at small K (SFT) | 4 | score | +75.0 |" in md and "30 / 0 of 40 | yes |" in md
+    assert "| tools help at small K (SFT) | 4 | format compliance | +100.0 | [+100.0, +100.0] |" in md
+    assert "PARA-GRPO" not in md  # rows that were not evaluated are left out

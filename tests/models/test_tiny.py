@@ -80,7 +80,7 @@ def test_copy_warmup_trains_deterministically(tmp_path):
     from paravt.models.tiny import CopyWarmup
 
     a = build_tiny(tmp_path / "a", seed=3, warmup=CopyWarmup(steps=4, batch=2))
-    b = build_tiny(tmp_path / "b", seed=3, warmup=CopyWarmup(steps=4, batch=2))
+    build_tiny(tmp_path / "b", seed=3, warmup=CopyWarmup(steps=4, batch=2))
     assert a["copy_warmup"]["steps"] == 4 and len(a["copy_warmup"]["loss_curve_tenths"]) == 4
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
     c = build_tiny(tmp_path / "c", seed=3)  # default: no warm-up, the random init
