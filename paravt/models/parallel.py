@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -225,5 +226,16 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
     if trainer.d.is_main:
         print(f"{label} done ({trainer.out.name}): {trainer.step} steps; model at {final}")
     if dist.is_initialized():
+        world = dist.get_world_size()
         dist.destroy_process_group()
+        if world > 1:
+            # Everything is written (checkpoints, final/, metrics; the logger is closed) and all
+            # ranks passed the last barrier. Skip interpreter finalisation in torchrun workers:
+            # under load a worker occasionally aborted there ("terminate called without an active
+            # exception", SIGABRT from a native thread torn down by a static destructor; seen once
+            # in CI on the 2-rank gloo test), which turns a finished run into a failed launch.
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     return 0
