@@ -43,10 +43,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class EpisodeConfig:
     prompt_mode: str = "agentic_general"
+    # mode: system prompt of prompt_mode + "Video/Duration" header + frames + question (ours, eval);
+    # row: the dataset row's own messages with the frames at its <video> mark (the release's RL prompt)
+    prompt_source: str = "mode"
     prompt_dir: str | None = None
     tools: list[str] = field(default_factory=lambda: ["crop_video"])
     max_turns: int = 3  # tool rounds; the assistant gets max_turns + 1 turns at most
-    max_parallel: int = 5  # tool calls executed per turn; extra calls are dropped (counted)
+    max_parallel: int | None = 5  # tool calls executed per turn (None: all); extra calls are dropped (counted)
     think_prefix: bool = True  # append "<think>\n" to every main-agent generation prompt
     temperature: float = 0.7
     top_p: float = 1.0
@@ -55,6 +58,9 @@ class EpisodeConfig:
     crop: CropConfig = field(default_factory=CropConfig)
     overview_min_pixels: int = 784
     overview_max_pixels: int = 50176
+    # paravt: "Video/Duration" header + "<t seconds>" before each frame; release_eval: bare frames
+    # + the video-path sentence (the authors' eval driver). RL row prompts always carry timestamps.
+    overview_style: str = "paravt"
     final_turn_prompt: str | None = None  # eval: a user message forcing the answer at the last turn
     final_turn_max_tokens: int | None = None
     sequential_tools: bool = False  # ablation/benchmark: run a turn's calls one after another
@@ -63,8 +69,10 @@ class EpisodeConfig:
     def __post_init__(self):
         if isinstance(self.crop, dict):
             self.crop = CropConfig(**self.crop)
-        if self.max_turns < 0 or self.max_parallel < 1:
-            raise ValueError("max_turns must be >= 0 and max_parallel >= 1")
+        if self.max_turns < 0 or (self.max_parallel is not None and self.max_parallel < 1):
+            raise ValueError("max_turns must be >= 0 and max_parallel >= 1 (or None: no cap)")
+        if self.prompt_source not in ("mode", "row"):
+            raise ValueError(f"prompt_source must be mode or row, got {self.prompt_source!r}")
         if self.prompt_mode not in prompts.available_modes(self.prompt_dir):
             raise ValueError(f"prompt_mode {self.prompt_mode!r} not in {prompts.available_modes(self.prompt_dir)}")
 
@@ -88,12 +96,13 @@ class EpisodeSample:
     answer: Any = None
     question_type: str = "oe"
     extra: dict[str, Any] = field(default_factory=dict)
+    prompt: list[dict[str, Any]] | None = None  # the row's own messages (prompt_source=row)
 
     @classmethod
     def from_row(cls, row) -> "EpisodeSample":
         """From a :class:`paravt.data.schema.RLRow`."""
         return cls(row.sample_id, row.question, row.video, row.extra_info.get("duration"), row.answer,
-                   row.question_type, dict(row.extra_info))
+                   row.question_type, dict(row.extra_info), list(row.prompt))
 
 
 @dataclass
@@ -118,7 +127,8 @@ class OverviewCache:
         self.hits = self.misses = 0
 
     def get(self, sample: EpisodeSample, k: int, cfg: EpisodeConfig, processor, tool_schemas) -> Overview:
-        key = (sample.sample_id, k, cfg.prompt_mode, cfg.think_prefix, cfg.overview_min_pixels,
+        key = (sample.sample_id, k, cfg.prompt_mode, cfg.prompt_source, cfg.overview_style, cfg.think_prefix,
+               cfg.overview_min_pixels,
                cfg.overview_max_pixels, processor is not None)
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
@@ -144,14 +154,23 @@ def build_overview(sample: EpisodeSample, k: int, cfg: EpisodeConfig, processor,
         if processor is not None:
             raise ValueError("overview_channel=video_url needs a chat engine (the server decodes the video)")
         messages = prompts.build_messages(cfg.prompt_mode, sample.question, [], Path(sample.video_path).name,
-                                          duration, tool_schemas if cfg.agentic else None, cfg.prompt_dir)
+                                          duration, tool_schemas if cfg.agentic else None, cfg.prompt_dir,
+                                          cfg.overview_style)
         video = {"type": "video_url", "video_url": {"url": "file://" + str(Path(sample.video_path).resolve())},
                  "nframes": k}
-        messages[1]["content"].insert(1, video)
+        messages[1]["content"].insert(0 if cfg.overview_style == "release_eval" else 1, video)
         return Overview([], messages, None, None, float(duration))
+    if cfg.overview_channel == "video_url" and cfg.prompt_source == "row":
+        raise ValueError("prompt_source=row builds frames-as-images prompts; use overview_channel=image_url")
     frames = sample_overview(sample.video_path, k, 32, cfg.overview_min_pixels, cfg.overview_max_pixels)
-    messages = prompts.build_messages(cfg.prompt_mode, sample.question, frames, Path(sample.video_path).name,
-                                      duration, tool_schemas if cfg.agentic else None, cfg.prompt_dir)
+    schemas = tool_schemas if cfg.agentic else None
+    if cfg.prompt_source == "row":
+        if not sample.prompt:
+            raise ValueError(f"sample {sample.sample_id}: prompt_source=row needs the row's prompt messages")
+        messages = prompts.messages_from_row(sample.prompt, frames, schemas, cfg.prompt_dir)
+    else:
+        messages = prompts.build_messages(cfg.prompt_mode, sample.question, frames, Path(sample.video_path).name,
+                                          duration, schemas, cfg.prompt_dir, cfg.overview_style)
     ids = images = None
     if processor is not None:
         ids, images = encode_prompt(processor, messages, cfg.prefix)
@@ -206,8 +225,9 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
 
         # 4. Cap, validate and run all calls concurrently.
         # Calls and unparseable blocks share the max_parallel slots; the rest is dropped (counted).
-        calls = parsed.calls[: cfg.max_parallel]
-        errors = parsed.errors[: cfg.max_parallel - len(calls)]
+        cap = cfg.max_parallel if cfg.max_parallel is not None else len(parsed.calls) + len(parsed.errors)
+        calls = parsed.calls[:cap]
+        errors = parsed.errors[: cap - len(calls)]
         rec.dropped_calls = len(parsed.calls) + len(parsed.errors) - len(calls) - len(errors)
         t0 = time.perf_counter()
         jobs = [_execute(call, tools, ToolContext(sample.video_path, ov.duration, engine, processor,

@@ -56,19 +56,36 @@ def clock(t: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
-def frames_content(frames: Sequence[Any]) -> list[dict[str, Any]]:
-    """Content items for frames that carry ``.timestamp`` and ``.image``: text + image each."""
+def frames_content(frames: Sequence[Any], timestamps: bool = True) -> list[dict[str, Any]]:
+    """Content items for frames that carry ``.timestamp`` and ``.image``: text + image each
+    (image only with ``timestamps=False``)."""
     items: list[dict[str, Any]] = []
     for f in frames:
-        items.append({"type": "text", "text": format_timestamp(f.timestamp)})
+        if timestamps:
+            items.append({"type": "text", "text": format_timestamp(f.timestamp)})
         items.append({"type": "image", "image": f.image})
     return items
 
 
+OVERVIEW_STYLES = ("paravt", "release_eval")
+
+
 def overview_user_content(
-    question: str, frames: Sequence[Any], video_path: str | None = None, duration: float | None = None
+    question: str, frames: Sequence[Any], video_path: str | None = None, duration: float | None = None,
+    style: str = "paravt", tools: bool = False,
 ) -> list[dict[str, Any]]:
-    """The main agent's first user turn: video header, the K overview frames, the question."""
+    """The main agent's first user turn.
+
+    ``paravt``: a "Video / Duration" header, the K frames each after its ``<t seconds>`` text, the
+    question. ``release_eval`` (the authors' eval driver): the K frames as bare images, then the
+    question, plus "The video path for this video is: NAME" when tools are offered."""
+    if style not in OVERVIEW_STYLES:
+        raise ValueError(f"overview style must be one of {OVERVIEW_STYLES}, got {style!r}")
+    if style == "release_eval":
+        q = question.strip()
+        if tools and video_path is not None and "video path" not in q.lower():
+            q = f"{q} The video path for this video is: {video_path}"
+        return frames_content(frames, timestamps=False) + [{"type": "text", "text": q}]
     items: list[dict[str, Any]] = []
     header = []
     if video_path is not None:
@@ -90,11 +107,53 @@ def build_messages(
     duration: float | None = None,
     tool_schemas: list[dict] | None = None,
     prompt_dir: str | Path | None = None,
+    style: str = "paravt",
 ) -> list[dict[str, Any]]:
     return [
         {"role": "system", "content": system_prompt(mode, tool_schemas, prompt_dir)},
-        {"role": "user", "content": overview_user_content(question, frames, video_path, duration)},
+        {"role": "user", "content": overview_user_content(question, frames, video_path, duration, style,
+                                                          tools=bool(tool_schemas))},
     ]
+
+
+VIDEO_MARK = "<video>"
+TOOLS_MODE = "agentic_minimal"  # the bare Hermes tools block, appended to a row's system prompt
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(i.get("text", "") for i in content or [] if isinstance(i, dict) and i.get("type", "text") == "text")
+
+
+def messages_from_row(row_prompt: Sequence[dict[str, Any]], frames: Sequence[Any],
+                      tool_schemas: list[dict] | None = None, prompt_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """The release's RL prompt (``prompt_source: row``): the dataset row's own messages, the
+    message holding the ``<video>`` mark gets the K frames (timestamp + image each) before its
+    text (mark removed; the first user message when no mark exists); with tools, the Hermes tools
+    block is appended to the row's system prompt unless it already has a ``<tools>`` block
+    (a system message is added when the row has none)."""
+    msgs = [{"role": m.get("role", "user"), "text": _text_of(m.get("content"))} for m in row_prompt]
+    marked = [i for i, m in enumerate(msgs) if VIDEO_MARK in m["text"]]
+    users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+    video_at = marked[0] if marked else (users[0] if users else None)
+    if video_at is None:
+        raise ValueError("row prompt has no user message to attach the video to")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(msgs):
+        if i == video_at:
+            out.append({"role": m["role"],
+                        "content": frames_content(frames) + [{"type": "text", "text": m["text"].replace(VIDEO_MARK, "")}]})
+        else:
+            out.append({"role": m["role"], "content": m["text"]})
+    if tool_schemas:
+        tools = system_prompt(TOOLS_MODE, tool_schemas, prompt_dir)
+        if out[0]["role"] == "system":
+            if "<tools>" not in out[0]["content"]:
+                out[0]["content"] = out[0]["content"] + "\n\n" + tools
+        else:
+            out.insert(0, {"role": "system", "content": tools})
+    return out
 
 
 def subagent_prompt(start: float, end: float, prompt_dir: str | Path | None = None) -> str:

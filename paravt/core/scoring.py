@@ -213,3 +213,98 @@ def turn_well_formed(text: str) -> bool:
         return True
     m = _ANSWER_RE.search(after)
     return bool(m and m.group(1).strip()) and not parsed.errors
+
+
+# ---------------------------------------------------------------------------------------
+# The release's rules (the authors' RL reward, ``rules: release``)
+# ---------------------------------------------------------------------------------------
+# The authors' reward extracts and matches answers slightly differently from the eval-side
+# rules above: the FIRST closed answer block, the text after the FIRST ``</think>`` (only
+# closed tool blocks removed), set-based token F1, letters A-D only (any standalone letter
+# counts), and only "s, e" spans. The RL recipes default to these so a reproduction trains on
+# the published reward; ``rules: paravt`` selects the rules above (letters A-J as
+# LongVideoBench's five options need, MM:SS and "s - e" spans, the last answer block).
+
+_CLOSED_TOOL_BLOCK_RE = re.compile(r"<(tool_call|tool_code|tool_response)>.*?</\1>", re.DOTALL)
+_RELEASE_PUNCT_RE = re.compile(r"[^\w\s]")
+_RELEASE_SPAN_RE = re.compile(r"\[?\s*([\d.]+)\s*,\s*([\d.]+)\s*\]?")
+_RELEASE_MCQ = [
+    re.compile(r"^\(?([A-D])\)?$"),
+    re.compile(r"[Tt]he answer is\s*\(?([A-D])\)?"),
+    re.compile(r"[Oo]ption\s*\(?([A-D])\)?"),
+    re.compile(r"^([A-D])[.):]"),
+    re.compile(r"\b([A-D])\b"),
+]
+
+
+def release_extract_answer(text: str) -> str:
+    """The release's answer extraction: first closed ``<answer>`` body; else the text after the
+    first ``</think>`` without closed tool blocks and chat markers; else the last non-empty
+    line not starting with ``<|im_`` / ``<tool_``."""
+    m = _ANSWER_RE.search(text or "")
+    if m:
+        return m.group(1).strip()
+    if "</think>" in text:
+        tail = _CLOSED_TOOL_BLOCK_RE.sub("", text.split("</think>", 1)[1])
+        tail = tail.replace("<|im_end|>", "").replace("<|im_start|>", "").strip()
+        if tail:
+            return tail
+    for line in reversed(text.splitlines()):
+        s = line.strip()
+        if s and not s.startswith("<|im_") and not s.startswith("<tool_"):
+            return s
+    return ""
+
+
+def release_normalize(text: str) -> str:
+    text = _ARTICLES_RE.sub(" ", text.strip().lower())
+    return " ".join(_RELEASE_PUNCT_RE.sub("", text).split())
+
+
+def release_f1(pred: str, gold: str) -> float:
+    """Token F1 on the SETS of normalised tokens (repeats count once)."""
+    p, g = release_normalize(pred).split(), release_normalize(gold).split()
+    common = set(p) & set(g)
+    if not p or not g or not common:
+        return 0.0
+    precision, recall = len(common) / len(p), len(common) / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def release_mcq(pred: str, gold: str) -> float:
+    gold = gold.strip().upper()
+    if len(gold) != 1 or gold not in "ABCD":
+        return 0.0
+    pred = pred.strip()
+    if pred.upper() == gold:
+        return 1.0
+    return float(any((m := p.search(pred)) and m.group(1).upper() == gold for p in _RELEASE_MCQ))
+
+
+def release_tiou(pred: str, gold: str) -> float:
+    def span(t: str):
+        m = _RELEASE_SPAN_RE.search(t)
+        try:
+            return (float(m.group(1)), float(m.group(2))) if m else None
+        except ValueError:  # "1.2.3"
+            return None
+    p, g = span(pred), span(gold)
+    if p is None or g is None or p[1] <= p[0] or g[1] <= g[0]:
+        return 0.0
+    inter = max(0.0, min(p[1], g[1]) - max(p[0], g[0]))
+    union = (p[1] - p[0]) + (g[1] - g[0]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def release_accuracy(pred: str, gold, question_type: str, mode: str = "f1") -> float:
+    """R_acc of an extracted answer under the release's rules (``llm`` is handled by the caller)."""
+    gold = gold if isinstance(gold, str) else str(gold)
+    if not pred or not gold:
+        return 0.0
+    if release_normalize(pred) == release_normalize(gold):
+        return 1.0
+    if question_type == "mcq":
+        return release_mcq(pred, gold)
+    if question_type == "tvg":
+        return release_tiou(pred, gold)
+    return 0.0 if mode == "exact" else release_f1(pred, gold)

@@ -44,6 +44,7 @@ _VIDEO_ZOOM_RE = re.compile(r"<video_zoom>(.*?)(?:</video_zoom>|(?=<video_zoom>)
 _CLOCK_RE = re.compile(r"^\s*(?:(\d+):)?(\d{1,2}):(\d{1,2}(?:\.\d+)?)\s*$")
 _SECONDS_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:s|sec|secs|second|seconds)?\s*$", re.IGNORECASE)
 _TIME_TOKEN = r"(?:\d{1,2}:\d{2}(?::\d{2})?(?:\.\d+)?|\d+(?:\.\d+)?)"
+_STRAY_QUOTE_RE = re.compile(r"([=,(]\s*-?\d+(?:\.\d+)?)\s*['\"`]+(\s*[,)])")  # end_time=20.0')
 _PAIR_RE = re.compile(rf"({_TIME_TOKEN})\s*(?:,|-|–|to)\s*({_TIME_TOKEN})")
 
 
@@ -160,8 +161,10 @@ def _parse_python_call(body: str) -> ToolCall:
     src = body.strip()
     src = re.sub(r"^```(?:python|py)?\s*|\s*```$", "", src).strip()
     last_exc: Exception | None = None
-    # Stray trailing quotes/backticks are tolerated: strip them one at a time until it parses.
-    for _ in range(4):
+    # Stray quotes are tolerated: trailing quotes/backticks are stripped one at a time, and a
+    # quote stuck between a number and the closing parenthesis (``end_time=20.0')``, a common
+    # model slip) is dropped.
+    for _ in range(5):
         try:
             tree = ast.parse(src, mode="eval")
             break
@@ -169,6 +172,10 @@ def _parse_python_call(body: str) -> ToolCall:
             last_exc = exc
             if src and src[-1] in "'\"`":
                 src = src[:-1].rstrip()
+                continue
+            fixed = _STRAY_QUOTE_RE.sub(r"\1\2", src)
+            if fixed != src:
+                src = fixed
                 continue
             raise ValueError(f"not a Python call: {exc.__class__.__name__}") from None
     else:
@@ -207,7 +214,16 @@ def _parse_code_blocks(text: str, result: ParseResult) -> None:
         try:
             result.calls.append(_parse_python_call(body))
         except ValueError as exc:
-            result.errors.append(f"invalid <tool_code> ({exc}): {_short(body)}")
+            # One call per line is accepted too (``crop_video(...)\ncrop_video(...)``).
+            lines = [ln for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+            if len(lines) < 2:
+                result.errors.append(f"invalid <tool_code> ({exc}): {_short(body)}")
+                continue
+            for ln in lines:
+                try:
+                    result.calls.append(_parse_python_call(ln))
+                except ValueError as exc_ln:
+                    result.errors.append(f"invalid <tool_code> ({exc_ln}): {_short(ln)}")
 
 
 def _parse_zoom_blocks(text: str, result: ParseResult) -> None:
@@ -254,6 +270,34 @@ def parse_tool_calls(text: str | None) -> ParseResult:
     except Exception as exc:  # noqa: BLE001 - the contract is: never raise on model text
         result.errors.append(f"parser error: {exc.__class__.__name__}: {exc}")
     return result
+
+
+_RELEASE_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_RELEASE_CODE_RE = re.compile(r"<tool_code>(.*?)(?:</tool_code>|$)", re.DOTALL)
+
+
+def release_has_tool_call(text: str) -> bool:
+    """The release's reward test for "a parseable tool call" (looser than :func:`parse_tool_calls`):
+    a ``<tool_call>`` body that is exactly one JSON object with a ``name``, or a ``<tool_code>``
+    body with any non-comment line containing ``(``. Used by ``rules: release`` rewards only;
+    episodes always execute what :func:`parse_tool_calls` finds."""
+    for body in _RELEASE_CALL_RE.findall(text or ""):
+        body = body.strip()
+        if not body or body.startswith("<|im_end|>"):
+            continue
+        try:
+            obj = json.loads(body)
+        except (json.JSONDecodeError, ValueError, RecursionError):
+            continue
+        if isinstance(obj, dict) and "name" in obj:
+            return True
+    for body in _RELEASE_CODE_RE.findall(text or ""):
+        body = body.strip()
+        if not body or body.startswith("<|im_end|>"):
+            continue
+        if any("(" in ln.strip() and not ln.strip().startswith("#") for ln in body.splitlines() if ln.strip()):
+            return True
+    return False
 
 
 def is_number(x: Any) -> bool:

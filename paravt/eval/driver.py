@@ -34,12 +34,22 @@ from paravt.core.config import parse_cli
 from paravt.core.prompts import AGENTIC_MODES
 from paravt.core.scoring import (extract_answer, extract_span, mcq_correct, recall_at, rule_accuracy, temporal_iou,
                                  turn_well_formed)
-from paravt.eval.splits import SPLITS, EvalSample, load_split, read_srt
+from paravt.eval.splits import SPLITS, EvalSample, count_check, load_split, read_srt
 
 log = logging.getLogger("paravt.eval")
 
 FORCE_MCQ = "Time is up. Answer now with only the letter of the correct option."
 FORCE_TVG = "Time is up. Answer now with the time span only, as 'X.X - Y.Y seconds'."
+
+
+# qwen-vl-utils' default video frame bounds (VIDEO_MIN_PIXELS = 128*28*28, VIDEO_MAX_PIXELS = 768*28*28),
+# which the authors' eval driver leaves in place when it samples the overview.
+QWEN_VL_UTILS_VIDEO_PIXELS = (128 * 28 * 28, 768 * 28 * 28)
+OVERVIEW_PROTOCOLS = {
+    "release": {"style": "release_eval", "think_prefix": False, "min_pixels": QWEN_VL_UTILS_VIDEO_PIXELS[0],
+                "max_pixels": QWEN_VL_UTILS_VIDEO_PIXELS[1]},
+    "paravt": {"style": "paravt", "think_prefix": True, "min_pixels": 784, "max_pixels": 50176},
+}
 
 
 @dataclass
@@ -71,7 +81,15 @@ class EvalConfig:
     max_parallel: int = 5
     max_new_tokens: int = 2048
     temperature: float = 0.0
-    think_prefix: bool = True
+    # Overview protocol. release (the authors' eval driver, used for Table 1): K frames as bare
+    # images at qwen-vl-utils' default video pixel bounds (100352-602112 px), no timestamps, no
+    # "Video/Duration" header, no forced "<think>\n". paravt: 784-50176 px, "<t seconds>" before
+    # each frame, the header, "<think>\n" forced (the RL training format; the tiny quickstart).
+    overview: str = "release"
+    think_prefix: bool | None = None  # None: the protocol's (release: off, paravt: on)
+    overview_min_pixels: int | None = None  # None: the protocol's
+    overview_max_pixels: int | None = None
+    subtitle_max_chars: int | None = None  # None: the whole SRT (as released); a cap saves context
     final_answer_tokens_mcq: int = 64
     final_answer_tokens_tvg: int = 128
     crop: CropConfig = field(default_factory=lambda: CropConfig(mode="frames"))
@@ -90,6 +108,8 @@ class EvalConfig:
             raise ValueError("model is required")
         if self.backend not in ("hf", "openai"):
             raise ValueError(f"backend must be hf or openai, got {self.backend!r}")
+        if self.overview not in OVERVIEW_PROTOCOLS:
+            raise ValueError(f"overview must be one of {sorted(OVERVIEW_PROTOCOLS)}, got {self.overview!r}")
         if self.channel not in ("image_url", "video_url"):
             raise ValueError(f"channel must be image_url or video_url, got {self.channel!r}")
         if self.channel == "video_url" and self.backend == "hf":
@@ -110,9 +130,14 @@ class EvalConfig:
 def episode_config(cfg: EvalConfig, qtype: str) -> EpisodeConfig:
     agentic = cfg.agentic
     force = FORCE_TVG if qtype == "tvg" else FORCE_MCQ if qtype == "mcq" else None
+    proto = OVERVIEW_PROTOCOLS[cfg.overview]
+    think = proto["think_prefix"] if cfg.think_prefix is None else cfg.think_prefix
     return EpisodeConfig(
         prompt_mode=cfg.prompt_mode, tools=["crop_video"] if agentic else [], max_turns=cfg.max_turns if agentic else 0,
-        max_parallel=cfg.max_parallel, overview_channel=cfg.channel, think_prefix=cfg.think_prefix and cfg.prompt_mode != "direct",
+        max_parallel=cfg.max_parallel, overview_channel=cfg.channel, think_prefix=think and cfg.prompt_mode != "direct",
+        overview_style=proto["style"],
+        overview_min_pixels=cfg.overview_min_pixels or proto["min_pixels"],
+        overview_max_pixels=cfg.overview_max_pixels or proto["max_pixels"],
         temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, crop=cfg.crop,
         final_turn_prompt=force if agentic else None,
         final_turn_max_tokens=(cfg.final_answer_tokens_tvg if qtype == "tvg" else cfg.final_answer_tokens_mcq)
@@ -217,6 +242,10 @@ class Evaluator:
     # ------------------------------------------------------------------ one split
     def _load(self, split: str) -> list[EvalSample]:
         samples = load_split(split, self.cfg.data_root, self.cfg.split_paths.get(split))
+        warn = count_check(split, len(samples))
+        print(f"[eval] {split}: loaded {len(samples)} samples" + (f" -- WARNING {warn}" if warn else ""), flush=True)
+        if warn:
+            log.warning(warn)
         samples = samples[self.cfg.shard_id::self.cfg.num_shards]
         return samples[: self.cfg.limit] if self.cfg.limit else samples
 
@@ -229,9 +258,9 @@ class Evaluator:
             return rec
         question = s.question
         if s.subtitle:
-            subs = read_srt(s.subtitle)
+            subs = read_srt(s.subtitle, cfg.subtitle_max_chars)
             if subs:
-                question = f"Subtitles of the video: {subs}\n\n{question}"
+                question = f"This video's subtitles are listed below:\n{subs}\n\n{question}"
         sample = EpisodeSample(s.id, question, s.video, s.duration, s.answer, s.question_type)
         ecfg = episode_config(cfg, s.question_type)
         t0 = time.perf_counter()

@@ -17,17 +17,22 @@ from paravt.core.config import load_config
 from paravt.eval.driver import EvalConfig, Evaluator, headline
 
 
-def run_rows(rows, splits, common: list[str], out: str, charades_overrides: dict | None = None) -> dict:
+def row_overrides(r: dict, split: str) -> dict:
+    """The driver settings of one Table-1 cell: the row's, with its ``charades:`` block on Charades-STA."""
+    over = {k: v for k, v in r.items() if k not in ("published", "charades")}
+    if split == "charades_sta":
+        over.update(r.get("charades") or {})
+    return over
+
+
+def run_rows(rows, splits, common: list[str], out: str) -> dict:
     results = {}
     for r in rows:
         if not r.get("model") and "model" not in " ".join(common):
             print(f"skip {r['row']}: no public checkpoint id configured (fill 'model' in the table config)")
             continue
         for split in splits:
-            over = dict(r)
-            over.pop("published", None)
-            if split == "charades_sta" and charades_overrides and over.get("prompt_mode", "").startswith("agentic"):
-                over.update(charades_overrides)
+            over = row_overrides(r, split)
             args = common + [f"out={out}", f"splits=[{split}]"] + [f"{k}={v}" for k, v in over.items() if v != ""]
             cfg = load_config(EvalConfig, None, args)
             res = Evaluator(cfg).run()
@@ -52,6 +57,38 @@ def table(results: dict, rows: list[dict], splits: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _avg(res: dict, splits: list[str]) -> float | None:
+    vals = [headline(res[s]) for s in splits if s in res and headline(res[s]) is not None]
+    return 100 * sum(vals) / len(vals) if vals and len(vals) == len(splits) else None
+
+
+def run_checks(checks: list[dict], results: dict, splits: list[str], rl_metrics: str | None = None) -> list[dict]:
+    """Each sourced claim of the paper against this run: PASS / FAIL (outside the tolerance) /
+    n.a. (the run lacks the rows, splits or training log it needs)."""
+    out = []
+    for c in checks:
+        got = None
+        if c["kind"] == "avg_gain":
+            a, b = _avg(results.get(c["row"], {}), splits), _avg(results.get(c["baseline"], {}), splits)
+            got = None if a is None or b is None else a - b
+        elif c["kind"] == "split_value":
+            res = results.get(c["row"], {}).get(c["split"])
+            got = None if not res or headline(res) is None else 100 * headline(res)
+        elif c["kind"] == "training_curve" and rl_metrics and Path(rl_metrics).is_file():
+            vals = [json.loads(x).get(c["metric"]) for x in Path(rl_metrics).read_text().splitlines() if x.strip()]
+            vals = [v for v in vals if v is not None]
+            if vals:
+                got = (vals[0], vals[-1])
+        if got is None:
+            status = "n.a."
+        elif c["kind"] == "training_curve":
+            status = "PASS" if abs(got[0] - c["start"]) <= c["tolerance"] and abs(got[1] - c["end"]) <= c["tolerance"] else "FAIL"
+        else:
+            status = "PASS" if abs(got - c["value"]) <= c["tolerance"] else "FAIL"
+        out.append({**c, "got": got, "status": status})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m paravt.eval.reproduce")
     ap.add_argument("--table", default="configs/eval/paper_table1.yaml")
@@ -61,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data_root", default="data/benchmarks")
     ap.add_argument("--out", default="runs/table1")
     ap.add_argument("--limit", type=int)
+    ap.add_argument("--rl_metrics", help="metrics.jsonl of the RL run, for the training-curve check")
     ap.add_argument("overrides", nargs="*", help="extra key=value for every run (e.g. backend=openai)")
     a = ap.parse_args(argv)
     spec = yaml.safe_load(Path("configs/eval/smoke.yaml" if a.smoke else a.table).read_text())
@@ -74,11 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         common.append(f"data_root={a.data_root}")
     common += [f"{k}={v}" for k, v in spec.get("protocol", {}).items()]
-    results = run_rows(spec["rows"], spec["splits"], common, a.out, spec.get("charades_overrides"))
+    results = run_rows(spec["rows"], spec["splits"], common, a.out)
     md = table(results, spec["rows"], spec["splits"])
+    checks = run_checks(spec.get("checks", []), results, spec["splits"], a.rl_metrics)
+    if checks:
+        md += "\n| paper claim | paper | this run | status |\n|---|---|---|---|\n"
+        for c in checks:
+            paper = f"{c['start']} -> {c['end']}" if c["kind"] == "training_curve" else f"{c['value']}"
+            got = c["got"] if c["got"] is None else (f"{c['got'][0]:.2f} -> {c['got'][1]:.2f}"
+                                                      if c["kind"] == "training_curve" else f"{c['got']:.1f}")
+            md += f"| {c['name']} | {paper} | {got or ''} | {c['status']} |\n"
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "table.md").write_text(md)
-    (Path(a.out) / "table.json").write_text(json.dumps(results, indent=2, default=str))
+    (Path(a.out) / "table.json").write_text(json.dumps({"results": results, "checks": checks}, indent=2, default=str))
     print(md)
     return 0
 

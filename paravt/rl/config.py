@@ -35,10 +35,13 @@ class RewardCfg:
     mode: str = "f1"  # f1 | exact | llm
     format_weight: float = 1.0
     credit_executed_tools: bool = False  # see paravt.rl.rewards.terms (R_tool decision)
+    rules: str = "release"  # release (the authors' reward) | paravt (eval's scorer; see rewards.terms)
 
     def __post_init__(self):
         if self.mode not in ("f1", "exact", "llm"):
             raise ValueError(f"paravt.reward.mode must be f1, exact or llm, got {self.mode!r}")
+        if self.rules not in ("release", "paravt"):
+            raise ValueError(f"paravt.reward.rules must be release or paravt, got {self.rules!r}")
 
 
 @dataclass
@@ -51,15 +54,18 @@ class ParaVTCfg:
     def knobs(self) -> RewardKnobs:
         return RewardKnobs(answer_suffix=self.constrained.answer_suffix, anchor_weight=self.anchoring.weight,
                            mode=self.reward.mode, format_weight=self.reward.format_weight,
-                           credit_executed_tools=self.reward.credit_executed_tools)
+                           credit_executed_tools=self.reward.credit_executed_tools, rules=self.reward.rules)
 
 
 @dataclass
 class AgentCfg:
     nframes: int = 64  # overview frames when gating is off
+    # row: the parquet's own system prompt and user text, frames at the <video> mark (the release);
+    # mode: configs/prompts/<prompt_mode>.txt + a "Video / Duration" header (ours; the tiny world's SFT format)
+    prompt_source: str = "row"
     prompt_mode: str = "agentic_general"
     max_turns: int = 3
-    max_parallel: int = 5
+    max_parallel: int | None = None  # calls executed per turn (None: all, as the release trains; eval uses 5)
     max_new_tokens: int = 2048
     max_context_tokens: int = 32768
     include_subagent_in_loss: bool = False
@@ -74,10 +80,13 @@ class GRPOCfg:
     top_p: float = 1.0
     reward_bias: float = -0.2
     reward_scale: float = 10.0
+    reward_clip: float | None = 20.0  # |shaped reward| cap before normalisation (AReaL's default)
     group_norm: bool = True
     batch_adv_norm: bool = True
     clip_eps: float = 0.2
     kl_coef: float = 0.01
+    kl_mode: str = "reward_k1"  # reward_k1 (the release: per-token k1 penalty in the reward) | loss_k3
+    adv_norm_level: str = "token"  # token (the release: over policy tokens) | sequence
     behav_imp_weight_cap: float | None = 5.0
     ppo_minibatches: int = 1
     max_staleness: int = 2  # rollouts may be this many policy versions old (0 = synchronous)
@@ -87,6 +96,10 @@ class GRPOCfg:
             raise ValueError("grpo.n_samples must be >= 2 (group normalisation needs a group)")
         if self.ppo_minibatches < 1 or self.max_staleness < 0:
             raise ValueError("grpo.ppo_minibatches >= 1 and grpo.max_staleness >= 0 required")
+        if self.kl_mode not in ("reward_k1", "loss_k3"):
+            raise ValueError(f"grpo.kl_mode must be reward_k1 or loss_k3, got {self.kl_mode!r}")
+        if self.adv_norm_level not in ("token", "sequence"):
+            raise ValueError(f"grpo.adv_norm_level must be token or sequence, got {self.adv_norm_level!r}")
 
 
 @dataclass

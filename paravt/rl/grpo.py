@@ -12,8 +12,10 @@ KL to a reference), every item a setting of the recipe:
 3. **Multi-turn, multi-agent rollouts**: the loss covers only main-agent tokens (tool
    responses, templates, prompts masked); sub-agent trajectories are optional extra samples
    with their episode's advantage (``include_subagent_in_loss``).
-4. **Reward shaping** before normalisation: (r + bias) · scale (bias −0.2, scale 10), then
-   group mean/std normalisation, then advantage normalisation over the whole batch.
+4. **Reward shaping** before normalisation: (r + bias) · scale (bias −0.2, scale 10), clipped
+   to ±``reward_clip`` (20), then group mean/std normalisation, then advantage normalisation
+   over the whole batch: over every policy token (``adv_norm_level: token``, the release's
+   AReaL default, so long sequences weigh more) or over sequences (``sequence``).
 5. **Decoupled PPO loss** (asynchronous rollouts up to ``max_staleness`` versions old):
    the ratio is taken against the *proximal* policy (log-probs recomputed by the current
    weights before the update) and each token is weighted by the behaviour importance weight
@@ -21,7 +23,10 @@ KL to a reference), every item a setting of the recipe:
    ``behav_imp_weight_cap`` (5) are dropped from the loss.
 6. **Token-level aggregation**: the loss is summed over every policy token of the batch and
    divided by their total count (across ranks), not averaged per sequence first.
-7. KL to the frozen reference with the k3 estimator, coefficient 0.01, inside the loss.
+7. KL to the frozen reference, coefficient 0.01, in one of two places (``kl_mode``):
+   ``reward_k1`` (the release): a per-token reward −β·(log π_behav − log π_ref) whose
+   return-to-go over the policy tokens is added to each token's advantage before the batch
+   normalisation; ``loss_k3``: the k3 estimator exp(d) − d − 1 added to the loss.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from typing import Sequence
 import torch
 
 
-def shape_rewards(rewards: torch.Tensor, bias: float = -0.2, scale: float = 10.0) -> torch.Tensor:
-    return (rewards + bias) * scale
+def shape_rewards(rewards: torch.Tensor, bias: float = -0.2, scale: float = 10.0,
+                  clip: float | None = 20.0) -> torch.Tensor:
+    r = (rewards + bias) * scale
+    return r.clamp(-clip, clip) if clip is not None else r
 
 
 def group_normalize(rewards: torch.Tensor, group_ids: Sequence[int], eps: float = 1e-6,
@@ -60,12 +67,56 @@ def batch_normalize(adv: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def compute_advantages(rewards: Sequence[float], group_ids: Sequence[int], bias: float = -0.2, scale: float = 10.0,
-                       group_norm: bool = True, batch_norm: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
-    r = shape_rewards(torch.tensor(list(rewards), dtype=torch.float64), bias, scale)
+                       group_norm: bool = True, batch_norm: bool = True,
+                       clip: float | None = 20.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-sequence advantages: shaped, clipped, group-normalised and (``batch_norm``) normalised
+    over the sequences of the batch. With token-level batch normalisation pass
+    ``batch_norm=False`` here and use :func:`token_advantages` + :func:`masked_normalize`."""
+    r = shape_rewards(torch.tensor(list(rewards), dtype=torch.float64), bias, scale, clip)
     adv, zero = group_normalize(r, group_ids, use_std=group_norm)
     if batch_norm:
         adv = batch_normalize(adv)
     return adv.float(), {"frac_reward_zero_std": float(zero.float().mean()) if zero.numel() else 0.0}
+
+
+def k1_kl_rewards(behav_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+                  kl_coef: float) -> torch.Tensor:
+    """Per-token KL reward of the release: −β · (log π_behav − log π_ref) on policy tokens, 0 elsewhere."""
+    return -kl_coef * (behav_logp - ref_logp) * mask.to(behav_logp.dtype)
+
+
+def token_advantages(seq_adv: float, mask: torch.Tensor, kl_rewards: torch.Tensor | None = None) -> torch.Tensor:
+    """Each policy token's advantage: the sequence's (group-normalised) advantage plus the
+    return-to-go of the per-token KL rewards from that token on (γ = λ = 1, no critic, so GAE
+    reduces to a reverse cumulative sum over the policy tokens)."""
+    m = mask.to(torch.float64)
+    adv = torch.full_like(m, float(seq_adv))
+    if kl_rewards is not None:
+        r = kl_rewards.to(torch.float64) * m
+        adv = adv + torch.flip(torch.cumsum(torch.flip(r, [0]), 0), [0])
+    return adv * m
+
+
+def masked_moments(advs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> tuple[float, float, float]:
+    """(sum, sum of squares, count) of the advantages on policy tokens: all-reduce these across
+    ranks, then :func:`normalize_with`."""
+    s = sq = n = 0.0
+    for a, m in zip(advs, masks):
+        mb = m.bool()
+        s += float(a[mb].sum())
+        sq += float((a[mb] ** 2).sum())
+        n += float(mb.sum())
+    return s, sq, n
+
+
+def normalize_with(adv: torch.Tensor, mask: torch.Tensor, total: float, total_sq: float, count: float,
+                   eps: float = 1e-5) -> torch.Tensor:
+    """(adv − mean) / (std + eps) over the global policy tokens; 0 off the mask."""
+    if count < 1:
+        return adv * 0
+    mean = total / count
+    var = max(total_sq / count - mean * mean, 0.0)
+    return ((adv - mean) / (var ** 0.5 + eps)) * mask.to(adv.dtype)
 
 
 @dataclass

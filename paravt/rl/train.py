@@ -45,7 +45,8 @@ from paravt.models import parallel
 from paravt.models.loading import default_attn_implementation, load_model, load_processor, resolve_dtype
 from paravt.rl.config import RLConfig
 from paravt.rl.gating import choose_k
-from paravt.rl.grpo import compute_advantages, ppo_token_loss
+from paravt.rl.grpo import (compute_advantages, k1_kl_rewards, masked_moments, normalize_with, ppo_token_loss,
+                            token_advantages)
 from paravt.rl.rewards.terms import compute_reward
 
 log = logging.getLogger("paravt.rl")
@@ -100,7 +101,8 @@ class PromptSchedule:
 
 def episode_config(cfg: RLConfig) -> EpisodeConfig:
     a = cfg.hierarchical_agent
-    return EpisodeConfig(prompt_mode=a.prompt_mode, max_turns=a.max_turns, max_parallel=a.max_parallel,
+    return EpisodeConfig(prompt_mode=a.prompt_mode, prompt_source=a.prompt_source, max_turns=a.max_turns,
+                         max_parallel=a.max_parallel,
                          think_prefix=cfg.paravt.constrained.think_prefix, temperature=cfg.grpo.temperature,
                          top_p=cfg.grpo.top_p, max_new_tokens=a.max_new_tokens,
                          max_context_tokens=a.max_context_tokens, crop=a.crop)
@@ -160,7 +162,7 @@ async def generate_rollouts(step: int, prompts: list[EpisodeSample], engine, pro
         executed = any(c.ok for turn in t.turns for c in turn.calls)
         rewards.append(compute_reward(t.completion_text, s.answer, s.question_type, knobs, judge, executed))
     adv, extra = compute_advantages([r.total for r in rewards], groups, g.reward_bias, g.reward_scale,
-                                    g.group_norm, g.batch_adv_norm)
+                                    g.group_norm, g.batch_adv_norm and g.adv_norm_level == "sequence", g.reward_clip)
     samples: list[Sample] = []
     for t, a_ in zip(trajs, adv.tolist()):
         if t.end_reason == "error" or not t.turns:
@@ -338,6 +340,8 @@ class RLTrainer:
             with torch.no_grad():
                 for i, s in enumerate(samples):
                     prox_cache[id(s)] = self._forward_logps(self.actor, s)[0]
+        token_adv = self._token_advantages(samples)
+        loss_kl = cfg.grpo.kl_coef if cfg.grpo.kl_mode == "loss_k3" else 0.0
         grad_norm = 0.0
         for mb in mbs:
             for s in mb:
@@ -346,11 +350,11 @@ class RLTrainer:
                 logp, ent = self._forward_logps(self.actor, s)
                 prox = prox_cache.get(id(s), logp.detach())
                 ref = None
-                if self.ref is not None:
+                if self.ref is not None and loss_kl > 0:
                     with torch.no_grad():
                         ref = self._forward_logps(self.ref, s)[0]
-                adv = torch.full_like(logp, s.advantage)
-                out = ppo_token_loss(logp, prox, behav, ref, adv, mask, cfg.grpo.clip_eps, cfg.grpo.kl_coef,
+                adv = token_adv[id(s)].to(logp) if id(s) in token_adv else torch.full_like(logp, s.advantage)
+                out = ppo_token_loss(logp, prox, behav, ref, adv, mask, cfg.grpo.clip_eps, loss_kl,
                                      cfg.grpo.behav_imp_weight_cap)
                 (out.loss_sum * scale).backward()
                 tot["loss"] += float(out.loss_sum.detach())
@@ -367,8 +371,35 @@ class RLTrainer:
         g = {k: parallel.all_reduce_sum(v) for k, v in tot.items()}
         m = max(g["mask"], 1.0)
         return {"ppo/loss": g["loss"] / max(n_global, 1.0), "ppo/clip_ratio": g["clipped"] / m,
-                "ppo/behav_dropped_ratio": g["dropped"] / m, "ppo/kl": g["kl"] / m, "ppo/entropy": g["entropy"] / m,
+                "ppo/behav_dropped_ratio": g["dropped"] / m, "ppo/kl": g["kl"] / m,
+                "ppo/kl_reward": parallel.all_reduce_sum(self.kl_reward_sum) / m, "ppo/entropy": g["entropy"] / m,
                 "rollout/logprob_gap": g["gap"] / m, "ppo/grad_norm": grad_norm, "ppo/tokens": n_global}
+
+    def _token_advantages(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
+        """Per-token advantages when they differ from the sequence's scalar: the release's k1 KL
+        reward (return-to-go added per token) and/or batch normalisation over the policy tokens of
+        every rank. Empty when ``kl_mode=loss_k3`` and ``adv_norm_level=sequence``."""
+        g = self.cfg.grpo
+        kl_reward = g.kl_mode == "reward_k1" and g.kl_coef > 0 and self.ref is not None
+        token_norm = g.batch_adv_norm and g.adv_norm_level == "token"
+        self.kl_reward_sum = 0.0
+        if not (kl_reward or token_norm):
+            return {}
+        advs, masks = {}, {}
+        for s in samples:
+            mask = torch.tensor(s.loss_mask[1:], dtype=torch.float64)
+            klr = None
+            if kl_reward:
+                with torch.no_grad():
+                    ref = self._forward_logps(self.ref, s)[0].double().cpu()
+                klr = k1_kl_rewards(torch.tensor(s.behav_logprobs[1:], dtype=torch.float64), ref, mask, g.kl_coef)
+                self.kl_reward_sum += float(klr.sum())
+            advs[id(s)], masks[id(s)] = token_advantages(s.advantage, mask, klr), mask
+        if token_norm:
+            tot, sq, n = masked_moments(list(advs.values()), list(masks.values()))
+            tot, sq, n = (parallel.all_reduce_sum(x) for x in (tot, sq, n))
+            advs = {k: normalize_with(a, masks[k], tot, sq, n) for k, a in advs.items()}
+        return advs
 
     def _shard(self, samples: list[Sample]) -> list[Sample]:
         """This rank's share; every rank gets the same count (FSDP collectives), padding with

@@ -193,16 +193,29 @@ class Shard:
     path: str = ""
     name: str = ""
     max_rows: int | None = None
+    optional: bool = False  # a missing optional shard is logged and skipped; a missing required one is an error
+
+
+class MissingShardError(FileNotFoundError):
+    """A required SFT shard matches no file (a wrong name would silently drop its rows)."""
 
 
 def load_manifest(shards: list[Shard], check_media: bool = True) -> tuple[list[SFTRow], SkipReport, list[str]]:
-    """Rows of every shard; a missing shard is logged and skipped (returned in ``missing``)."""
+    """Rows of every shard. A required shard that matches no file raises :class:`MissingShardError`
+    naming every such shard (the authors' loader logs and skips, so a misspelt name loses its
+    rows silently); an ``optional: true`` shard is logged, skipped and returned in ``missing``."""
     rows: list[SFTRow] = []
     report = SkipReport()
+    absent = [sh for sh in shards if not Path(sh.path).is_file()]
+    required = [sh for sh in absent if not sh.optional]
+    if required:
+        names = ", ".join(f"{sh.path} ({sh.name or '-'})" for sh in required)
+        raise MissingShardError(f"SFT manifest: {len(required)} required shard(s) match no file: {names}. "
+                                "Fix the path/name, or mark the entry `optional: true` to skip it.")
     missing = []
     for sh in shards:
-        if not Path(sh.path).is_file():
-            log.warning("SFT shard %s (%s) is missing: skipped", sh.path, sh.name or "-")
+        if sh in absent:
+            log.warning("SFT shard %s (%s) is missing and optional: skipped", sh.path, sh.name or "-")
             missing.append(sh.path)
             continue
         got, _ = load_sft_rows([sh.path], check_media=check_media, report=report)
@@ -347,5 +360,5 @@ def padding_stats(examples: list[Example], packed: bool, max_length: int) -> dic
 
 
 __all__ = ["Example", "ExampleBuilder", "IGNORE", "PackedStream", "Shard", "SkipRow", "StreamState", "VideoSampling",
-           "collate_packed", "collate_padded", "epoch_order", "expand_media", "load_manifest", "padding_stats",
+           "MissingShardError", "collate_packed", "collate_padded", "epoch_order", "expand_media", "load_manifest", "padding_stats",
            "tokenize_conversation"]

@@ -46,6 +46,9 @@ class OptimConfig:
     weight_decay: float = 0.01
     scheduler: str = "cosine"  # cosine | constant
     warmup_ratio: float = 0.05
+    # Steps the warm-up + cosine is planned over (None: max_steps). The authors plan 1500 steps
+    # (1 epoch) and release step 500, where the cosine is unfinished (lr ~0.8x peak).
+    schedule_steps: int | None = None
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
     vision_lr_scale: float = 1.0  # lr multiplier for the vision tower (0 freezes it)
@@ -55,6 +58,8 @@ class OptimConfig:
             raise ValueError(f"optim.scheduler must be cosine or constant, got {self.scheduler!r}")
         if not (self.lr > 0 and 0 <= self.warmup_ratio < 1):
             raise ValueError("optim.lr must be > 0 and optim.warmup_ratio in [0, 1)")
+        if self.schedule_steps is not None and self.schedule_steps < 1:
+            raise ValueError(f"optim.schedule_steps must be >= 1 or null, got {self.schedule_steps}")
 
 
 @dataclass
@@ -116,7 +121,10 @@ class SFTConfig:
 
 
 def lr_lambda(cfg: SFTConfig):
-    warm = int(round(cfg.optim.warmup_ratio * cfg.max_steps))
+    """Linear warm-up then cosine over ``optim.schedule_steps`` (default ``max_steps``); training
+    may stop before the schedule ends (the authors' step-500-of-1500 checkpoint)."""
+    total = cfg.optim.schedule_steps or cfg.max_steps
+    warm = int(round(cfg.optim.warmup_ratio * total))
     floor = cfg.optim.min_lr_ratio
 
     def f(step: int) -> float:
@@ -124,7 +132,7 @@ def lr_lambda(cfg: SFTConfig):
             return (step + 1) / warm
         if cfg.optim.scheduler == "constant":
             return 1.0
-        prog = (step - warm) / max(1, cfg.max_steps - warm)
+        prog = (step - warm) / max(1, total - warm)
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
     return f
 

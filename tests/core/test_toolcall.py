@@ -87,6 +87,16 @@ print(crop_video(video_path="v.mp4", start_time="00:10", end_time=20))
     assert all(c.source == "tool_code" for c in r.calls)
 
 
+def test_tool_code_stray_quote_after_a_number_and_one_call_per_line():
+    """The README's promise: ``end_time=20.0')`` (a stray quote before the parenthesis) parses."""
+    r = parse_tool_calls("<tool_code>crop_video(video_path='clip_0001.mp4', start_time=10, end_time=20.0')</tool_code>")
+    assert r.errors == [] and r.calls[0].arguments == {"video_path": "clip_0001.mp4", "start_time": 10.0, "end_time": 20.0}
+    r = parse_tool_calls("<tool_code>crop_video('v4.mp4', 5\", 12.5')</tool_code>")  # a path ending in a digit keeps its quotes
+    assert r.errors == [] and r.calls[0].arguments == {"video_path": "v4.mp4", "start_time": 5.0, "end_time": 12.5}
+    r = parse_tool_calls("<tool_code>\ncrop_video('v.mp4', 1, 2)\n# second window\ncrop_video('v.mp4', 3, 4)\n</tool_code>")
+    assert r.errors == [] and [c.arguments["start_time"] for c in r.calls] == [1.0, 3.0]
+
+
 @pytest.mark.parametrize("body", ["crop_video(1, 2, 3, 4)", "x = 1", "crop_video(**kw)", "crop_video(start_time=f(1))", "((("])
 def test_tool_code_errors(body):
     r = parse_tool_calls(f"<tool_code>{body}</tool_code>")

@@ -53,6 +53,9 @@ def root(tmp_path, world):
     (d / "MLVU/json/1_plotQA.json").write_text(json.dumps([{"video": "movie101_66.mp4", "duration": 246.0,
         "question": "What color is the main male character?", "candidates": ["Yellow", "Red", "Green", "Blue"],
         "answer": "Yellow", "question_type": "plotQA"}]))
+    # a generation task of MLVU dev: no candidates (the loader used to raise KeyError)
+    (d / "MLVU/json/8_sub_scene.json").write_text(json.dumps([{"video": "subPlot_1.mp4", "duration": 300.0,
+        "question": "Describe the scene.", "answer": "A man walks in.", "question_type": "subPlot"}] * 2))
     video(d / "MLVU/video/1_plotQA/movie101_66.mp4")
     # MMVU: validation.json, videos/<subject>/<n>.mp4
     d = r / "MMVU"
@@ -80,7 +83,7 @@ def test_videomme(root):
     assert [x.id for x in s] == ["001-1", "002-1"] and s[0].answer == "C" and s[0].duration_bucket == "short"
     assert "A. 1.\nB. 2." in s[0].question and s[0].video_exists and not s[1].video_exists and s[0].subtitle is None
     sub = load_split("videomme_sub", root)
-    assert sub[0].subtitle.endswith("subtitle/fFjv93ACGo8.srt") and read_srt(sub[0].subtitle) == "Hello there world"
+    assert sub[0].subtitle.endswith("subtitle/fFjv93ACGo8.srt") and read_srt(sub[0].subtitle) == "Hello there\nworld"
 
 
 def test_longvideobench_lvbench_mlvu(root):
@@ -88,8 +91,24 @@ def test_longvideobench_lvbench_mlvu(root):
     assert s.answer == "C" and "C. book" in s.question and s.task == "S2O" and s.video_exists
     s = load_split("lvbench", root)[0]
     assert s.answer == "B" and s.duration_bucket == "long" and "(B) blue" in s.question and s.video_exists
-    s = load_split("mlvu", root)[0]
+    mlvu = load_split("mlvu", root)
+    assert len(mlvu) == 1  # the two generation rows are skipped (and logged with their count)
+    s = mlvu[0]
     assert s.answer == "A" and s.task == "plotQA" and s.duration_bucket == "medium" and s.video_exists
+
+
+def test_full_subtitles_and_expected_counts(tmp_path):
+    """Video-MME with subtitles gets the whole SRT (the release passes it uncut)."""
+    from paravt.eval.splits import count_check
+    cues = "\n\n".join(f"{i}\n00:00:{i % 60:02d},000 --> 00:00:{i % 60:02d},500\nline number {i} of the talk"
+                        for i in range(1, 600))
+    (tmp_path / "long.srt").write_text(cues)
+    text = read_srt(tmp_path / "long.srt")
+    assert len(text) > 6000 and text.splitlines()[-1] == "line number 599 of the talk"
+    assert len(read_srt(tmp_path / "long.srt", max_chars=100)) == 100
+    assert count_check("videomme", 2700) is None and "expected 2700" in count_check("videomme", 2699)
+    assert count_check("mlvu", 2174) is None and "~2200" in count_check("mlvu", 900)
+    assert count_check("synthetic", 3) is None
 
 
 def test_mmvu_and_charades(root):

@@ -68,3 +68,36 @@ def test_gating_is_deterministic_across_processes_and_runs():
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONHASHSEED": "123"})
     assert other.returncode == 0 and eval(other.stdout) == ks
     assert choose_k("q1", 3, enabled=False) == 64 and choose_k("q1", 3, enabled=False, default_k=32) == 32
+
+
+def test_reward_clip_before_normalisation():
+    from paravt.rl.grpo import shape_rewards
+    r = torch.tensor([3.0, 0.0, -5.0])
+    assert shape_rewards(r, -0.2, 10.0, 20.0).tolist() == pytest.approx([20.0, -2.0, -20.0])
+    assert shape_rewards(r, -0.2, 10.0, None).tolist() == pytest.approx([28.0, -2.0, -52.0])
+
+
+def test_k1_reward_return_to_go_and_token_normalisation():
+    """The release's KL: a per-token reward -beta*(behav - ref) on policy tokens; each token's
+    advantage adds the sum of those rewards from it to the end (gamma = lambda = 1)."""
+    from paravt.rl.grpo import k1_kl_rewards, masked_moments, normalize_with, token_advantages
+    mask = torch.tensor([0, 1, 1, 0, 1.0])  # a tool response (0) between two policy spans
+    behav = torch.tensor([0.0, -1.0, -2.0, 0.0, -0.5], dtype=torch.float64)
+    ref = torch.tensor([0.0, -1.5, -1.0, -9.0, -0.5], dtype=torch.float64)
+    klr = k1_kl_rewards(behav, ref, mask, 0.1)
+    assert klr.tolist() == pytest.approx([0.0, -0.05, 0.1, 0.0, 0.0])
+    adv = token_advantages(2.0, mask, klr)
+    assert adv.tolist() == pytest.approx([0.0, 2.05, 2.1, 0.0, 2.0])
+    assert token_advantages(2.0, mask).tolist() == pytest.approx([0, 2.0, 2.0, 0, 2.0])
+    other = token_advantages(-1.0, torch.ones(2))
+    tot, sq, n = masked_moments([adv, other], [mask, torch.ones(2)])
+    assert n == 5
+    normed = [normalize_with(a, m, tot, sq, n) for a, m in ((adv, mask), (other, torch.ones(2)))]
+    vals = torch.cat([normed[0][mask.bool()], normed[1]])
+    assert float(vals.mean()) == pytest.approx(0.0, abs=1e-9)
+    assert float(vals.std(unbiased=False)) == pytest.approx(1.0, abs=1e-4)
+    assert normed[0][0] == 0 and normed[0][3] == 0  # masked positions stay 0
+    # token-level normalisation weighs sequences by length: a long sequence moves the mean
+    long_ = token_advantages(1.0, torch.ones(8))
+    t2 = masked_moments([long_, token_advantages(-1.0, torch.ones(2))], [torch.ones(8), torch.ones(2)])
+    assert t2[0] / t2[2] == pytest.approx(0.6)

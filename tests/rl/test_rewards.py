@@ -1,4 +1,7 @@
-"""Reward terms against cases computed by hand from REFERENCE §2."""
+"""Reward terms: our rules (``rules: paravt``) against cases computed by hand; the release's rules
+(``rules: release``, the 8B recipes' default) against the authors' released compose_reward on
+hand-written cases (tests/rl/data/release_reward_cases.jsonl; expected values produced by running
+the release's paravt/rl/rewards/compose.py with each recipe's paravt: block as its env vars)."""
 
 import json
 import subprocess
@@ -6,28 +9,35 @@ import sys
 
 import pytest
 
-from paravt.rl.rewards import RewardKnobs, compute_reward, degenerate, format_reward, tool_reward
-from paravt.rl.rewards.terms import accuracy
+from paravt.rl.rewards import RewardKnobs, compute_reward, degenerate, format_reward
+from paravt.rl.rewards import tool_reward as _tool_reward
+from functools import partial
+from pathlib import Path
+
+from paravt.rl.rewards.terms import accuracy as _accuracy
+
+CASES = [json.loads(x) for x in (Path(__file__).parent / "data/release_reward_cases.jsonl").read_text().splitlines()]
 
 CALL = '<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 0, "end_time": 30}}\n</tool_call>'
 DIRECT = "<think>\nThe circle is red in the overview.\n</think>\n<answer>B</answer>"
 TOOL_ONLY = "<think>\nNot visible, checking two windows.\n</think>\n" + CALL
 MULTI = TOOL_ONLY + "\n" + "<think>\nThe circle is red.\n</think>\n<answer>B</answer>"
-PARA = RewardKnobs()
-VANILLA = RewardKnobs.vanilla()
+K = partial(RewardKnobs, rules="paravt")
+PARA = K()
+VANILLA = K(answer_suffix=False, anchor_weight=0.0, format_weight=0.0)  # outcome-only (the tiny baseline)
 
 
 @pytest.mark.parametrize("text,knobs,expected", [
     # answer_suffix on, anchor 0.5: 0.2 + 0.3 + 0.2 + 0.5*(0.4+0.3) + 0.1 = 1.15 -> cap 1
     (DIRECT, PARA, 1.0),
     # answer_suffix off, anchor off: 0.3 + 0.2 + 0.1 + 0.1 (balanced) = 0.7
-    (DIRECT, RewardKnobs(answer_suffix=False, anchor_weight=0.0), 0.7),
+    (DIRECT, K(answer_suffix=False, anchor_weight=0.0), 0.7),
     # answer_suffix on, anchor off: 0.2 + 0.3 + 0.2 + 0.1 = 0.8
-    (DIRECT, RewardKnobs(anchor_weight=0.0), 0.8),
+    (DIRECT, K(anchor_weight=0.0), 0.8),
     # tool turn, PARA: 0.2 + 0.5*0.4 + 0.3 (think before call) + 0.1 = 0.8
     (TOOL_ONLY, PARA, 0.8),
     # tool turn, vanilla shape: 0.3 + 0.3 + 0.1 = 0.7
-    (TOOL_ONLY, RewardKnobs(answer_suffix=False, anchor_weight=0.0), 0.7),
+    (TOOL_ONLY, K(answer_suffix=False, anchor_weight=0.0), 0.7),
     # unclosed think: 0.5 * (-0.3) -> clipped at 0
     ("<think>\nI think it is red but", PARA, 0.0),
     # the published bug: scoring without the forced "<think>\n" loses think/anchor/balance credit
@@ -38,7 +48,7 @@ VANILLA = RewardKnobs.vanilla()
     ("<think>\nred\n</think>\n<answer>B</answer>", PARA, 0.6),
 ])
 def test_format_reward(text, knobs, expected):
-    assert format_reward(text, knobs.answer_suffix, knobs.anchor_weight) == pytest.approx(expected)
+    assert format_reward(text, knobs.answer_suffix, knobs.anchor_weight, knobs.rules) == pytest.approx(expected)
 
 
 def test_compose_direct_multiturn_and_tool_only():
@@ -53,6 +63,7 @@ def test_compose_direct_multiturn_and_tool_only():
 
 
 def test_tool_reward_levels():
+    tool_reward = partial(_tool_reward, rules="paravt")
     assert tool_reward(DIRECT, 1.0) == 0.0
     assert tool_reward(TOOL_ONLY, 0.0) == pytest.approx(0.1)
     assert tool_reward(TOOL_ONLY, 0.4) == pytest.approx(0.6)
@@ -63,6 +74,7 @@ def test_tool_reward_levels():
 
 
 def test_accuracy_per_question_type():
+    accuracy = partial(_accuracy, rules="paravt")
     tvg = "<think>\nSeen from 35 to 39 seconds.\n</think>\n<answer>[35.0, 39.0]</answer>"
     assert accuracy(tvg, "[36.0, 40.0]", "tvg") == pytest.approx(0.6)
     assert compute_reward(tvg, "[36.0, 40.0]", "tvg", PARA).total == pytest.approx(1.6)
@@ -75,7 +87,9 @@ def test_accuracy_per_question_type():
     assert r.acc == pytest.approx(2 / 7) and r.format == 0.0 and r.total == pytest.approx(2 / 7)
 
 
-def test_llm_mode_uses_the_judge_and_falls_back_to_f1():
+@pytest.mark.parametrize("rules", ["paravt", "release"])
+def test_llm_mode_uses_the_judge_and_falls_back_to_f1(rules):
+    accuracy = partial(_accuracy, rules=rules)
     text = "<answer>a crimson circle</answer>"
     assert accuracy(text, "red circle", "oe", "llm", judge=lambda p, g: 1.0) == 1.0
     def broken(p, g):
@@ -88,7 +102,11 @@ def test_llm_mode_uses_the_judge_and_falls_back_to_f1():
 def test_guard():
     spam = "<|im_start|>user\nhi<|im_end|>\n" * 5
     assert degenerate(spam) and not degenerate(DIRECT)
-    assert not degenerate(("<|im_start|>" + "x" * 100) * 5)  # five, but spread over > 300 characters
+    assert degenerate(spam, rules="paravt")
+    assert not degenerate(("<|im_start|>" + "x" * 100) * 5, rules="paravt")  # five, but spread over > 300 characters
+    # the release: five anywhere, but only in a text shorter than 300 characters
+    long_spam = "y" * 400 + "<|im_start|>a" * 5
+    assert degenerate(long_spam, rules="paravt") and not degenerate(long_spam)
     r = compute_reward(spam + "<answer>B</answer>", "B", "mcq", PARA)
     assert r.guarded and r.total == r.acc == r.format == r.tool == 0.0
 
@@ -106,9 +124,47 @@ def test_cli(tmp_path):
     assert out[0] == {"total": 2.0, "acc": 1.0, "format": 1.0, "tool": 0.0}
     assert out[1]["total"] == pytest.approx(0.9)
     r = run("--recipe", "configs/rl/vanilla_grpo_8b.yaml")
-    assert [json.loads(x)["total"] for x in r.stdout.splitlines()] == [1.0, pytest.approx(0.1)]
+    assert [json.loads(x)["total"] for x in r.stdout.splitlines()] == [pytest.approx(1.7), pytest.approx(0.8)]
     r = run("--recipe", "configs/rl/paragrpo_8b.yaml", "--anchor-weight", "0", "--no-answer-suffix")
     assert json.loads(r.stdout.splitlines()[0])["format"] == pytest.approx(0.7)
     f.write_text("not json\n" + json.dumps(lines[0]) + "\n")
     r = run()
     assert r.returncode == 1 and "line 1" in r.stdout.splitlines()[0] and json.loads(r.stdout.splitlines()[1])["total"] == 2.0
+
+
+@pytest.mark.parametrize("recipe", ["paragrpo_8b", "vanilla_grpo_8b"])
+def test_release_rules_reproduce_the_authors_reward(recipe, tmp_path):
+    """Every term of every hand-written case equals the authors' compose_reward, through the CLI
+    under the 8B recipe (guard, unclosed tags, think->tool, answer extraction, tool detection)."""
+    f = tmp_path / "cases.jsonl"
+    f.write_text("".join(json.dumps({k: c[k] for k in ("completion", "answer", "question_type")}) + "\n" for c in CASES))
+    r = subprocess.run([sys.executable, "-m", "paravt.rl.rewards", "--recipe", f"configs/rl/{recipe}.yaml",
+                        "--jsonl", str(f)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(got) == len(CASES) == 40
+    bad = [(c["name"], t, g[t], c["expected"][recipe][t]) for c, g in zip(CASES, got)
+           for t in ("total", "acc", "format", "tool") if g[t] != pytest.approx(c["expected"][recipe][t], abs=1e-9)]
+    assert not bad
+
+
+def test_our_rules_are_an_opt_in_that_differs_where_documented():
+    """rules=paravt departs from the release on exactly the documented points."""
+    ours = {c["name"]: compute_reward(c["completion"], c["answer"], c["question_type"], K()) for c in CASES}
+    exp = {c["name"]: c["expected"]["paragrpo_8b"] for c in CASES}
+    assert ours["tvg clock"].acc > 0 == exp["tvg clock"]["acc"]  # MM:SS spans
+    assert ours["tvg reversed"].acc > 0 == exp["tvg reversed"]["acc"]  # reversed pair reordered
+    assert ours["unclosed answer"].format > exp["unclosed answer"]["format"]  # open tag credited
+    assert ours["five im_start in a 300-char window of a long text"].guarded  # windowed guard
+    assert ours["unclosed think short"].format == 0.0 > exp["unclosed think short"]["format"]  # clamped at 0
+    assert ours["mcq fifth option"].acc == 1.0 == exp["mcq fifth option"]["acc"]  # exact match first (both)
+    mcq_e = compute_reward("<think>\nThe fifth option fits.\n</think>\n<answer>Option E</answer>", "E", "mcq", K())
+    rel_e = compute_reward("<think>\nThe fifth option fits.\n</think>\n<answer>Option E</answer>", "E", "mcq")
+    assert (mcq_e.acc, rel_e.acc) == (1.0, 0.0)  # the release knows letters A-D only
+
+
+def test_vanilla_recipe_keeps_the_format_weight_as_released():
+    from paravt.rl.rewards.__main__ import knobs_from_recipe
+    k = knobs_from_recipe("configs/rl/vanilla_grpo_8b.yaml")
+    assert (k.format_weight, k.anchor_weight, k.answer_suffix, k.rules) == (1.0, 0.0, False, "release")
+    assert RewardKnobs.vanilla().format_weight == 1.0

@@ -61,14 +61,23 @@ def test_prompt_schedule_is_seeded():
     assert set(seen.values()) == {2}
 
 
+RELEASE = {"grpo.kl_mode": "reward_k1", "grpo.adv_norm_level": "token", "grpo.reward_clip": 20.0,
+           "paravt.reward.rules": "release", "hierarchical_agent.prompt_source": "row",
+           "hierarchical_agent.max_parallel": "null"}
+
+
 def test_two_gloo_processes(world, tiny_dir, tmp_path):
+    """Two FSDP2 ranks over gloo with the 8B recipe's release settings: the k1 KL reward and the
+    token-level advantage normalisation all-reduce across ranks; the row's own prompt."""
     out = tmp_path / "rl2"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "paravt.rl.train",
-           "configs/rl/tiny.yaml", *_over(world, tiny_dir, out, max_steps=2, save_every=2)]
+           "configs/rl/tiny.yaml", *_over(world, tiny_dir, out, max_steps=2, save_every=2, **RELEASE)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     rec = _metrics(out)
     assert [x["step"] for x in rec] == [1, 2] and all(x["ppo/tokens"] > 0 for x in rec)
+    assert all(x["ppo/kl"] == 0.0 for x in rec)  # the KL moved from the loss to the reward:
+    assert rec[1]["ppo/kl_reward"] != 0.0  # after one update the policy differs from the reference
     assert (out / "checkpoints/step_000002/COMPLETE").exists()
 
 

@@ -46,10 +46,14 @@ def test_resume_gives_the_same_weights(world, tiny_dir, tmp_path):
     assert (tmp_path / "b/final/config.json").exists()
 
 
-def test_missing_shard_is_skipped_and_config_errors(world, tiny_dir, tmp_path):
+def test_missing_shard_is_an_error_unless_optional(world, tiny_dir, tmp_path):
+    from paravt.sft.data import MissingShardError, Shard
     cfg = _cfg(world, tiny_dir, tmp_path / "c", max_steps=1)
-    from paravt.sft.data import Shard
-    cfg.data.append(Shard(path=str(tmp_path / "nope.parquet"), name="missing"))
+    cfg.data.append(Shard(path=str(tmp_path / "paravt_sft_gemini_cot_4k8.parquet"), name="gemini_cot"))
+    with pytest.raises(MissingShardError, match="gemini_cot_4k8.parquet"):
+        SFTTrainer(cfg)
+    cfg = _cfg(world, tiny_dir, tmp_path / "c", max_steps=1)
+    cfg.data.append(Shard(path=str(tmp_path / "nope.parquet"), name="missing", optional=True))
     tr = SFTTrainer(cfg)
     assert tr.data_report["missing_shards"] == [str(tmp_path / "nope.parquet")]
     with pytest.raises(ValueError, match="model_path"):
@@ -58,6 +62,30 @@ def test_missing_shard_is_skipped_and_config_errors(world, tiny_dir, tmp_path):
         load_config(SFTConfig, None, ["model_path=m", "data=[{path: x}]", "dist.strategy=horovod"])
     with pytest.raises(Exception, match="not_a_key"):
         load_config(SFTConfig, "configs/sft/tiny.yaml", ["not_a_key=1"])
+
+
+def test_8b_manifest_uses_the_released_shard_names(tmp_path):
+    """The authors' SFT manifest names (geminicot, selftrace, videor1): an 8B run on the released
+    parquets finds all seven shards."""
+    cfg = load_config(SFTConfig, "configs/sft/qwen3vl_8b.yaml", [f"data_root={tmp_path}"])
+    names = sorted(os.path.basename(sh.path) for sh in cfg.data)
+    assert names == sorted(["paravt_sft_geminicot_4k8.parquet", "paravt_sft_selftrace_15k3.parquet",
+                            "paravt_sft_tvg_6k3.parquet", "paravt_sft_museg_2k5.parquet",
+                            "paravt_sft_charades_12k4.parquet", "paravt_sft_longvideoreason_5k2.parquet",
+                            "paravt_sft_videor1_50k.parquet"])
+    assert not any(sh.optional for sh in cfg.data)
+
+
+def test_schedule_planned_over_1500_steps_stops_at_500():
+    """The released SFT checkpoint is step 500 of a cosine planned over 1500 steps (lr ≈ 0.8x peak there)."""
+    from paravt.sft.train import lr_lambda
+    cfg = load_config(SFTConfig, "configs/sft/qwen3vl_8b.yaml")
+    assert cfg.max_steps == 500 and cfg.optim.schedule_steps == 1500
+    f = lr_lambda(cfg)
+    assert f(0) == pytest.approx(1 / 75) and f(74) == pytest.approx(1.0)  # 5% of 1500 = 75 warm-up steps
+    assert 0.75 < f(499) < 0.85
+    own = load_config(SFTConfig, "configs/sft/qwen3vl_8b.yaml", ["optim.schedule_steps=null"])
+    assert lr_lambda(own)(499) < 1e-4  # our old schedule: cosine finished at max_steps
 
 
 def test_help_lists_settings():

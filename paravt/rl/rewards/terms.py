@@ -1,6 +1,20 @@
-"""PARA-GRPO reward terms as pure functions (REFERENCE §2).
+"""PARA-GRPO reward terms as pure functions (the paper's §3 reward; the release's compose_reward).
 
     R = R_acc + format_weight · R_fmt + R_tool          (all terms 0 under the guard)
+
+Two rule sets (``paravt.reward.rules``):
+
+* ``release`` (default, the 8B recipes): the authors' released reward, term for term: the guard
+  fires on ≥5 ``<|im_start|>`` in a text shorter than 300 characters; a substantive think may
+  be unclosed; answer-tag credit needs a closed non-empty pair; think→tool needs a substantive
+  think; the format term is not clamped below 0; answers are matched with
+  :func:`paravt.core.scoring.release_accuracy` and tool calls detected with
+  :func:`paravt.core.toolcall.release_has_tool_call`.
+* ``paravt`` (opt-in; the tiny recipes, whose quickstart numbers were measured with it): the
+  guard is "5 ``<|im_start|>`` within any 300 characters" (a long degenerate text is still
+  caught), only closed thinks count, an unclosed ``<answer>x`` earns the open-tag credit, the
+  think→tool credit checks tag order only, and answers use the eval scorer (letters A-J, MM:SS
+  spans), so training and eval score one completion alike.
 
 The scored text is the main agent's turns as the model wrote them: when ``think_prefix`` is on,
 each turn's forced ``<think>\\n`` belongs to it (the published code scored only the generated
@@ -21,14 +35,17 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from paravt.core.scoring import extract_answer, rule_accuracy, token_f1
-from paravt.core.toolcall import parse_tool_calls
+from paravt.core.scoring import extract_answer, release_accuracy, release_extract_answer, rule_accuracy, token_f1
+from paravt.core.toolcall import parse_tool_calls, release_has_tool_call
 
 SUBSTANTIVE_THINK_CHARS = 10
 _THINK_BLOCK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _ANSWER_BODY_RE = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL)
 _CALL_START_RE = re.compile(r"<tool_call>|<tool_code>|<video_zoom>")
+_CLOSED_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_OPEN_THINK_RE = re.compile(r"<think>(.*?)(?:<tool_|<answer>|<\|im_end\|>|$)", re.DOTALL)
 TAG_PAIRS = ("think", "tool_call", "tool_code", "answer")
+RULES = ("release", "paravt")
 
 
 @dataclass(frozen=True)
@@ -40,10 +57,17 @@ class RewardKnobs:
     mode: str = "f1"  # f1 | exact | llm
     format_weight: float = 1.0
     credit_executed_tools: bool = False
+    rules: str = "release"  # release (the authors' reward) | paravt (see module docstring)
+
+    def __post_init__(self):
+        if self.rules not in RULES:
+            raise ValueError(f"reward rules must be one of {RULES}, got {self.rules!r}")
 
     @classmethod
     def vanilla(cls) -> "RewardKnobs":
-        return cls(answer_suffix=False, anchor_weight=0.0, format_weight=0.0)
+        """The authors' vanilla GRPO recipe: no answer-suffix weighting, no anchoring; the format
+        term keeps weight 1.0 (the paper's ablation compares against that)."""
+        return cls(answer_suffix=False, anchor_weight=0.0, format_weight=1.0)
 
 
 @dataclass
@@ -58,21 +82,26 @@ class RewardBreakdown:
         return asdict(self)
 
 
-def degenerate(text: str, count: int = 5, window: int = 300) -> bool:
-    """The guard: ``count`` or more ``<|im_start|>`` within ``window`` characters (a model
-    that role-plays new turns instead of answering)."""
+def degenerate(text: str, count: int = 5, window: int = 300, rules: str = "release") -> bool:
+    """The guard against a model that role-plays new turns instead of answering. ``release``:
+    ``count`` or more ``<|im_start|>`` and the whole text shorter than ``window`` characters;
+    ``paravt``: ``count`` of them within any ``window`` characters."""
+    if rules == "release":
+        return text.count("<|im_start|>") >= count and len(text) < window
     pos = [m.start() for m in re.finditer(re.escape("<|im_start|>"), text)]
     return any(pos[i + count - 1] - pos[i] < window for i in range(len(pos) - count + 1))
 
 
 def accuracy(text: str, answer: Any, question_type: str, mode: str = "f1",
-             judge: Callable[[str, str], float] | None = None) -> float:
+             judge: Callable[[str, str], float] | None = None, rules: str = "release") -> float:
     """R_acc of a scored text; ``llm`` mode asks ``judge(pred, gold)`` for {0, 0.5, 1} and
     falls back to F1 when the judge fails."""
-    pred = extract_answer(text)
+    release = rules == "release"
+    pred = release_extract_answer(text) if release else extract_answer(text)
+    match = release_accuracy if release else rule_accuracy
     if mode == "llm" and question_type not in ("mcq", "tvg"):
         gold = answer if isinstance(answer, str) else str(answer)
-        if pred and rule_accuracy(pred, gold, question_type, "exact") == 1.0:
+        if pred and match(pred, gold, question_type, "exact") == 1.0:
             return 1.0
         if judge is not None:
             try:
@@ -81,12 +110,34 @@ def accuracy(text: str, answer: Any, question_type: str, mode: str = "f1",
                     return score
             except Exception:  # noqa: BLE001 - the judge must never block training
                 pass
-        return token_f1(pred, gold)
-    return rule_accuracy(pred, answer, question_type, "f1" if mode == "llm" else mode)
+        return match(pred, gold, question_type, "f1") if release else token_f1(pred, gold)
+    return match(pred, answer, question_type, "f1" if mode == "llm" else mode)
 
 
-def format_reward(text: str, answer_suffix: bool = True, anchor_weight: float = 0.5) -> float:
-    """R_fmt ∈ [0, 1] (REFERENCE §2)."""
+def _release_format(text: str, answer_suffix: bool, anchor_weight: float) -> float:
+    """R_fmt under the release's rules (≤ 1; negative when only the unclosed-think penalty fires)."""
+    m = _THINK_BLOCK_RE.search(text) or _OPEN_THINK_RE.search(text)
+    think = bool(m and len(m.group(1).strip()) >= SUBSTANTIVE_THINK_CHARS)
+    body = any(b.strip() for b in _CLOSED_ANSWER_RE.findall(text))
+    closed_think = "</think>" in text
+    t, a_open, a_close = (0.2, 0.3, 0.2) if answer_suffix else (0.3, 0.2, 0.1)
+    score = t * think + (a_open * ("<answer>" in text) + a_close * ("</answer>" in text)) * body
+    if anchor_weight > 0:
+        anchor = 0.4 * (closed_think and think) + 0.3 * (closed_think and think and body and "</answer>" in text)
+        anchor -= 0.3 * ("<think>" in text and not closed_think)
+        score += anchor_weight * anchor
+    calls = [p for p in (text.find("<tool_call>"), text.find("<tool_code>")) if p >= 0]
+    if think and calls and release_has_tool_call(text) and 0 <= text.find("<think>") < min(calls):
+        score += 0.3
+    if score > 0 and all(text.count(f"<{t}>") == text.count(f"</{t}>") for t in TAG_PAIRS):
+        score += 0.1
+    return min(score, 1.0)
+
+
+def format_reward(text: str, answer_suffix: bool = True, anchor_weight: float = 0.5, rules: str = "release") -> float:
+    """R_fmt (≤ 1) under ``rules`` (see the module docstring)."""
+    if rules == "release":
+        return _release_format(text, answer_suffix, anchor_weight)
     thinks = _THINK_BLOCK_RE.findall(text)
     substantive = any(len(t.strip()) >= SUBSTANTIVE_THINK_CHARS for t in thinks)
     m = _ANSWER_BODY_RE.search(text)
@@ -117,8 +168,10 @@ def format_reward(text: str, answer_suffix: bool = True, anchor_weight: float = 
     return max(0.0, min(1.0, score))
 
 
-def tool_reward(text: str, acc: float, executed_tool: bool = False, credit_executed_tools: bool = False) -> float:
-    if not parse_tool_calls(text).calls:
+def tool_reward(text: str, acc: float, executed_tool: bool = False, credit_executed_tools: bool = False,
+                rules: str = "release") -> float:
+    has_call = release_has_tool_call(text) if rules == "release" else bool(parse_tool_calls(text).calls)
+    if not has_call:
         return 0.0
     base = 0.3 if ("<tool_response>" in text or (credit_executed_tools and executed_tool)) else 0.1
     if acc > 0:
@@ -128,9 +181,9 @@ def tool_reward(text: str, acc: float, executed_tool: bool = False, credit_execu
 
 def compute_reward(text: str, answer: Any, question_type: str, knobs: RewardKnobs = RewardKnobs(),
                    judge: Callable[[str, str], float] | None = None, executed_tool: bool = False) -> RewardBreakdown:
-    if degenerate(text):
+    if degenerate(text, rules=knobs.rules):
         return RewardBreakdown(0.0, 0.0, 0.0, 0.0, guarded=True)
-    acc = accuracy(text, answer, question_type, knobs.mode, judge)
-    fmt = format_reward(text, knobs.answer_suffix, knobs.anchor_weight)
-    tool = tool_reward(text, acc, executed_tool, knobs.credit_executed_tools)
+    acc = accuracy(text, answer, question_type, knobs.mode, judge, knobs.rules)
+    fmt = format_reward(text, knobs.answer_suffix, knobs.anchor_weight, knobs.rules)
+    tool = tool_reward(text, acc, executed_tool, knobs.credit_executed_tools, knobs.rules)
     return RewardBreakdown(acc + knobs.format_weight * fmt + tool, acc, fmt, tool)
