@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if a.server:
         from paravt.engines.sglang import SGLangEngine  # noqa: PLC0415
-        engine, processor = SGLangEngine(a.server), load_processor(a.model)
+        processor = load_processor(a.model)
+        engine = SGLangEngine(a.server, image_token_id=processor.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
     else:
         from paravt.engines.hf import HFEngine  # noqa: PLC0415
         engine = HFEngine.from_pretrained(a.model)

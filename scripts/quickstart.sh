@@ -74,10 +74,11 @@ step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT sam
 # Tools run as in training (weight-sharing sub-agents, greedy): the tiny model never saw crop frames
 # returned to the main agent, which is the paper's eval protocol for the 8B (crop.mode=frames).
 # overview=paravt: the overview in the tiny model's training format (timestamps, header, "<think>\n").
-COMMON=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS" "overview=paravt"
+# resume=restart: finished samples are reused only if the checkpoint and settings are the same.
+COMMON=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS" "overview=paravt" "resume=restart"
         "max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64")
 for K in 4 64; do
-  python -m paravt.eval.driver model="$OUT/sft/final" row="sft-notool-K$K" nframes=$K max_turns=0 "${COMMON[@]:0:5}"
+  python -m paravt.eval.driver model="$OUT/sft/final" row="sft-notool-K$K" nframes=$K max_turns=0 "${COMMON[@]:0:6}"
   python -m paravt.eval.driver model="$OUT/sft/final" row="sft-tool-K$K" nframes=$K "${COMMON[@]}"
   python -m paravt.eval.driver model="$OUT/rl_vanilla/final" row="vanilla-tool-K$K" nframes=$K think_prefix=false "${COMMON[@]}"
   python -m paravt.eval.driver model="$OUT/rl_paragrpo/final" row="paragrpo-tool-K$K" nframes=$K "${COMMON[@]}"

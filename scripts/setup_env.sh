@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the virtual environment(s) of one stage: bash scripts/setup_env.sh {cpu|sft|rl|eval|all}
+# Build the virtual environment(s) of one stage: bash scripts/setup_env.sh {cpu|sft|rl|eval|conformance|all}
 # Re-running is cheap: a venv whose requirements did not change is left alone.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,7 +19,9 @@ pipq() {  # pip, quiet; on failure print its log and stop
 build() {  # build <venv-name> <requirements file> [post-install command...]
   local name="$1" req="$2"; shift 2
   local venv="$ROOT/.venv-$name" stamp
-  stamp="$(cat "$req" pyproject.toml | sha256sum | cut -c1-16)"
+  local extra=()
+  [[ "$name" == conformance ]] && extra=(requirements/conformance-nodeps.txt)
+  stamp="$(cat "$req" pyproject.toml "${extra[@]}" | sha256sum | cut -c1-16)"
   if [[ -f "$venv/.paravt-stamp" && "$(cat "$venv/.paravt-stamp")" == "$stamp" ]]; then
     echo "[setup_env] .venv-$name is up to date"; return 0
   fi
@@ -39,11 +41,24 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
 
 flash_attn() { pipq "$1" --no-build-isolation "flash-attn==2.8.3.post2"; }
 
+# The pinned servers' own code for the conformance tests: sglang and vllm without their CUDA
+# dependency trees; the schema modules must import, or the environment is not stamped.
+server_wheels() {
+  pipq "$1" --no-deps -r requirements/conformance-nodeps.txt
+  "$1/bin/python" - <<'PY'
+import sglang.api.v1.api_types, sglang.srt.entrypoints.openai.protocol, sglang.srt.server_args
+import vllm.entrypoints.openai.chat_completion.protocol
+from importlib.metadata import version
+print("[setup_env] conformance: sglang", version("sglang"), "vllm", version("vllm"))
+PY
+}
+
 case "${1:-cpu}" in
   cpu) build cpu requirements/cpu.txt ;;
   sft) build sft requirements/sft.txt flash_attn ;;
   rl) build rl requirements/rl.txt flash_attn; build sglang requirements/sglang.txt ;;
   eval) build eval requirements/eval.txt ;;
+  conformance) build conformance requirements/conformance.txt server_wheels ;;
   all) "$0" cpu; "$0" sft; "$0" rl; "$0" eval ;;
-  *) echo "usage: $0 {cpu|sft|rl|eval|all}" >&2; exit 2 ;;
+  *) echo "usage: $0 {cpu|sft|rl|eval|conformance|all}" >&2; exit 2 ;;
 esac

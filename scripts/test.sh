@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Set up the CPU environment and run the default test suite (what CI runs).
 # Extra arguments go to pytest, e.g. bash scripts/test.sh -m slow
+#   bash scripts/test.sh --conformance   the conformance group in .venv-conformance: our SGLang and
+#                                        OpenAI request bodies checked with the pinned servers' own code
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$ROOT/scripts/setup_env.sh" cpu
 cd "$ROOT"
 export WANDB_MODE=offline TOKENIZERS_PARALLELISM=false DS_ACCELERATOR=cpu
+if [[ "${1:-}" == "--conformance" ]]; then
+  shift
+  bash "$ROOT/scripts/setup_env.sh" conformance
+  PARAVT_CONFORMANCE=1 exec .venv-conformance/bin/python -m pytest tests/conformance -m conformance "$@"
+fi
+bash "$ROOT/scripts/setup_env.sh" cpu
 exec .venv-cpu/bin/python -m pytest "$@"

@@ -157,7 +157,7 @@ def build_overview(sample: EpisodeSample, k: int, cfg: EpisodeConfig, processor,
                                           duration, tool_schemas if cfg.agentic else None, cfg.prompt_dir,
                                           cfg.overview_style)
         video = {"type": "video_url", "video_url": {"url": "file://" + str(Path(sample.video_path).resolve())},
-                 "nframes": k}
+                 "nframes": k, "duration": float(duration)}  # the chat client turns these into each server's fields
         messages[1]["content"].insert(0 if cfg.overview_style == "release_eval" else 1, video)
         return Overview([], messages, None, None, float(duration))
     if cfg.overview_channel == "video_url" and cfg.prompt_source == "row":

@@ -7,6 +7,12 @@ It speaks the subset of SGLang's native API that ParaVT's rollout client uses
 ``/update_weights_from_disk``) and the OpenAI ``/v1/chat/completions`` (+ ``/v1/models``)
 that the eval client uses. So the remote-engine code paths (RL with a rollout server in its
 own process, eval against a server) run for real on a machine where SGLang cannot.
+
+Where the clients depend on it, it behaves like the real servers (checked against their code
+in ``tests/conformance``): ``/generate`` takes ONE ``<|image_pad|>`` per image and expands it
+to the image's patch tokens itself, rejecting pre-expanded ids as SGLang's processor does, and
+reports ``meta_info.prompt_tokens`` of the expanded prompt; chat completions return token ids
+only when asked (``return_token_ids``, as vLLM) and answer 404 to a model name it does not serve.
 """
 
 from __future__ import annotations
@@ -62,6 +68,27 @@ def _chat_messages(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def expand_image_pads(ids: list[int], images: ImageInputs, processor, pad: int) -> list[int]:
+    """SGLang's contract for ``input_ids`` with ``image_data``: one ``pad`` per image, each replaced
+    here by the image's patch tokens (grid t·h·w / merge²)."""
+    n_pads = ids.count(pad)
+    if n_pads != len(images):
+        raise ValueError(f"{n_pads} <|image_pad|> tokens for {len(images)} images: send one per image "
+                         "(the server expands them)")
+    if not len(images):
+        return ids
+    grid = images.tensors(processor)[1]
+    merge = processor.image_processor.merge_size
+    out, i = [], 0
+    for t in ids:
+        if t == pad:
+            out.extend([pad] * (int(grid[i].prod()) // (merge * merge)))
+            i += 1
+        else:
+            out.append(t)
+    return out
+
+
 def build_app(engine: HFEngine, model_name: str = "paravt"):
     from aiohttp import web  # noqa: PLC0415
 
@@ -78,16 +105,18 @@ def build_app(engine: HFEngine, model_name: str = "paravt"):
     async def models(_):
         return web.json_response({"object": "list", "data": [{"id": model_name, "object": "model"}]})
 
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+
     @routes.post("/generate")
     async def generate(req):
         body = await req.json()
         try:
             params = _params_from_sglang(body.get("sampling_params") or {})
-            imgs = [decode_image(u) for u in body.get("image_data") or []]
-            ids = body["input_ids"]
+            imgs = ImageInputs([decode_image(u) for u in body.get("image_data") or []])
+            ids = expand_image_pads(list(body["input_ids"]), imgs, engine.processor, pad)
         except (KeyError, ValueError, TypeError) as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
-        out = await engine.generate(ids, ImageInputs(imgs) if imgs else None, params)
+        out = await engine.generate(ids, imgs if len(imgs) else None, params)
         if out.error:
             return web.json_response({"error": {"message": out.error}}, status=500)
         return web.json_response({
@@ -110,6 +139,9 @@ def build_app(engine: HFEngine, model_name: str = "paravt"):
     @routes.post("/v1/chat/completions")
     async def chat(req):
         body = await req.json()
+        if body.get("model") not in (None, model_name):
+            return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                                "type": "NotFoundError", "code": 404}}, status=404)
         try:
             msgs = _chat_messages(body["messages"])
             cont = bool(body.get("continue_final_message")) and msgs and msgs[-1]["role"] == "assistant"
@@ -129,7 +161,9 @@ def build_app(engine: HFEngine, model_name: str = "paravt"):
         eos = tok.convert_tokens_to_ids("<|im_end|>")
         ids_out = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] == eos else out.token_ids
         choice = {"index": 0, "message": {"role": "assistant", "content": tok.decode(ids_out)},
-                  "finish_reason": out.finish_reason, "token_ids": out.token_ids}
+                  "finish_reason": out.finish_reason}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = out.token_ids
         if body.get("logprobs"):
             choice["logprobs"] = {"content": [{"token": tok.decode([t]), "logprob": lp}
                                               for t, lp in zip(out.token_ids, out.logprobs)]}

@@ -2,10 +2,17 @@
 
 Images in our messages (``{"type": "image", "image": PIL.Image}``) are sent as
 ``image_url`` data URLs (the *image_url channel*: frames decoded client-side); items already in
-OpenAI form (``image_url`` / ``video_url`` with a URL, the *video_url channel*: the server
-decodes) pass through. A forced assistant prefix (``<think>\\n``) is sent as a final assistant
-message with ``continue_final_message`` (supported by vLLM and SGLang). Logprobs and token
-ids are returned when the server gives them. Requests are retried with exponential backoff.
+OpenAI form pass through. A ``video_url`` item (the *video_url channel*: the server decodes)
+carries our frame budget as ``nframes`` (+ ``duration``); it is sent so that BOTH servers sample
+K frames: SGLang reads ``video_url.max_frames`` / ``video_url.fps`` (fps = K / duration), vLLM
+the request's ``media_io_kwargs = {"video": {"num_frames": K}}`` (each ignores the other's
+field). A forced assistant prefix (``<think>\\n``) is sent as a final assistant message with
+``continue_final_message``. ``return_token_ids`` asks for the output ids, which vLLM returns as
+``choice.token_ids`` and SGLang as ``choice.response_token_ids``; logprobs come back in the
+OpenAI ``logprobs.content`` list. The model name is the server's served name, read from
+``/v1/models`` when not given (vLLM answers 404 to any other name). Requests are retried with
+exponential backoff. Checked against the pinned servers' own request/response models by
+``tests/conformance``.
 """
 
 from __future__ import annotations
@@ -46,7 +53,21 @@ class _UrlCache:
         return url
 
 
-def to_openai_messages(messages: list[dict[str, Any]], cache: _UrlCache | None = None) -> list[dict[str, Any]]:
+def _video_item(it: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """A ``video_url`` item in wire form and its frame budget K (None: the server's default)."""
+    vu = dict(it["video_url"]) if isinstance(it.get("video_url"), dict) else {"url": it.get("video_url")}
+    k = it.get("nframes")
+    if k:
+        vu["max_frames"] = int(k)
+        if it.get("duration"):
+            vu["fps"] = max(float(k) / float(it["duration"]), 1e-3)
+    return {"type": "video_url", "video_url": vu}, (int(k) if k else None)
+
+
+def to_openai_messages(messages: list[dict[str, Any]], cache: _UrlCache | None = None,
+                       video_frames: list[int] | None = None) -> list[dict[str, Any]]:
+    """Our messages in the OpenAI wire format; the frame budgets of video items are appended to
+    ``video_frames`` when given."""
     cache = cache or _UrlCache()
     out = []
     for m in messages:
@@ -58,6 +79,11 @@ def to_openai_messages(messages: list[dict[str, Any]], cache: _UrlCache | None =
                     items.append({"type": "image_url", "image_url": {"url": cache.get(it["image"])}})
                 elif it.get("type") == "image":
                     items.append({"type": "image_url", "image_url": {"url": it["image"]}})
+                elif it.get("type") == "video_url":
+                    item, k = _video_item(it)
+                    items.append(item)
+                    if k and video_frames is not None:
+                        video_frames.append(k)
                 else:
                     items.append(it)
             content = items
@@ -71,10 +97,15 @@ def to_openai_messages(messages: list[dict[str, Any]], cache: _UrlCache | None =
 
 def chat_payload(model: str, messages: list[dict[str, Any]], params: SamplingParams, prefix: str = "",
                  cache: _UrlCache | None = None, logprobs: bool = True) -> dict[str, Any]:
-    msgs = to_openai_messages(messages, cache)
+    frames: list[int] = []
+    msgs = to_openai_messages(messages, cache, frames)
     body: dict[str, Any] = {"model": model, "messages": msgs, "temperature": params.temperature,
                             "top_p": params.top_p, "max_tokens": params.max_new_tokens, "logprobs": logprobs,
-                            "skip_special_tokens": False}
+                            "skip_special_tokens": False, "return_token_ids": True}
+    if frames:
+        if len(set(frames)) > 1:
+            raise ValueError(f"videos of one request need one frame budget, got {sorted(set(frames))}")
+        body["media_io_kwargs"] = {"video": {"num_frames": frames[0]}}
     if params.seed is not None:
         body["seed"] = int(params.seed) % (2**31)
     if params.stop:
@@ -96,15 +127,17 @@ def parse_chat_response(resp: dict[str, Any], prefix: str = "") -> GenerationOut
         text = text[len(prefix):]
     lp = ((choice.get("logprobs") or {}).get("content")) or []
     logprobs = [float(x.get("logprob", 0.0)) for x in lp]
-    ids = choice.get("token_ids") or []
-    if len(ids) != len(logprobs):
-        ids, logprobs = ([], []) if not ids else (list(ids), [0.0] * len(ids))
+    ids = choice.get("token_ids") or choice.get("response_token_ids") or []  # vLLM | SGLang
+    if ids and len(ids) != len(logprobs):
+        raise EngineError(f"chat completion: {len(ids)} token ids but {len(logprobs)} logprobs")
+    if not ids:  # a server that returns no ids: text only (no context guard for this turn)
+        logprobs = []
     finish = choice.get("finish_reason") or "stop"
     return GenerationOutput(list(ids), logprobs, "length" if finish == "length" else "stop", 0, text)
 
 
 class OpenAIEngine(HTTPSessionMixin, ChatEngine):
-    def __init__(self, base_url: str, model: str = "default", api_key: str | None = None,
+    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
                  request_timeout_s: float = 600.0, max_retries: int = 3, max_concurrency: int = 64):
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
@@ -122,10 +155,26 @@ class OpenAIEngine(HTTPSessionMixin, ChatEngine):
     def health_url(self) -> str:
         return self.base_url + "/models"
 
+    async def served_model(self) -> str:
+        """The first model id the server lists at ``/v1/models`` (its ``--served-model-name``)."""
+        session = await self._http()
+        async with session.get(self.base_url + "/models") as r:
+            if r.status != 200:
+                raise EngineError(f"/v1/models: HTTP {r.status}")
+            data = (await r.json()).get("data") or []
+        if not data:
+            raise EngineError("/v1/models lists no model")
+        return str(data[0]["id"])
+
     async def chat(self, messages, params: SamplingParams, prefix: str = "") -> GenerationOutput:
         import aiohttp  # noqa: PLC0415
 
         t0 = time.perf_counter()
+        if not self.model:
+            try:
+                self.model = await self.served_model()
+            except (EngineError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                return GenerationOutput([], [], "error", error=f"could not read the served model name: {exc}")
         body = chat_payload(self.model, messages, params, prefix, self._cache)
         last: Exception | None = None
         async with self._sem:

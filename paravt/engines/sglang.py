@@ -5,16 +5,24 @@
   never a fixed sleep. REFERENCE §6 settings are on by default: ``SGLANG_VLM_CACHE_SIZE_MB``
   = 4096 (the 100 MB default is too small for 64-frame rollouts), the static memory fraction
   and the context length.
-* :class:`SGLangEngine` speaks the native ``/generate`` API with ``input_ids`` (image
-  placeholders already expanded by the processor, the same ids the trainer scores),
-  ``image_data`` (PNG data URLs), ``sampling_params`` and ``return_logprob``; it reads the
-  output ids and logprobs from ``meta_info.output_token_logprobs``. Weight updates go through
+* :class:`SGLangEngine` speaks the native ``/generate`` API with ``input_ids`` holding ONE
+  ``<|image_pad|>`` per image (SGLang's Qwen-VL processor expands each into its patch tokens
+  itself; the trajectory keeps the locally expanded ids, which are the ids the trainer scores,
+  and the server's ``meta_info.prompt_tokens`` must equal their length), ``image_data`` (PNG
+  data URLs), ``sampling_params`` and ``return_logprob``; it reads the output ids and logprobs
+  from ``meta_info.output_token_logprobs``. Weight updates go through
   ``/update_weights_from_disk`` (default) or, optionally, ``/init_weights_update_group`` +
   ``/update_weights_from_distributed`` (an NCCL group with the trainer's rank 0).
 
+Seeds: SGLang honours ``sampling_seed`` only when launched with
+``--enable-deterministic-inference`` (``SGLangServerConfig.deterministic``; slower kernels).
+Without it, per-request seeds are best-effort and two runs differ.
+
 SGLang cannot run on CPU machines; everything except the HTTP round trip and the process
 launch is pure functions (:func:`launch_command`, :func:`generate_payload`,
-:func:`parse_generate_response`, …) tested against SGLang's documented API.
+:func:`parse_generate_response`, …). The conformance tests (``tests/conformance``) check them
+against the pinned SGLang wheel's own request/response types, its ServerArgs parser and its
+``build_input_ids``.
 """
 
 from __future__ import annotations
@@ -47,7 +55,13 @@ class SGLangServerConfig:
     mem_fraction_static: float = 0.7
     context_length: int = 32768
     max_running_requests: int | None = None
-    vlm_cache_size_mb: int = 4096  # REFERENCE §6: >= 4096 for 64-frame rollouts
+    # SGLang's vision-embedding cache (the release: >= 4096 MB for 64-frame prompts). Neither
+    # /flush_cache nor a weight update clears it, so while the vision tower trains (RL) it serves
+    # stale features: the RL recipes set 0; eval (frozen weights) keeps it.
+    vlm_cache_size_mb: int = 4096
+    deterministic: bool = False  # --enable-deterministic-inference: sampling_seed honoured (reproducible eval)
+    random_seed: int | None = None
+    served_model_name: str | None = None  # the name OpenAI-style clients must send
     attention_backend: str | None = None
     extra_args: list[str] = field(default_factory=list)
     startup_timeout_s: float = 1200.0
@@ -77,6 +91,12 @@ def launch_command(cfg: SGLangServerConfig) -> tuple[list[str], dict[str, str]]:
         argv += ["--max-running-requests", str(cfg.max_running_requests)]
     if cfg.attention_backend:
         argv += ["--attention-backend", cfg.attention_backend]
+    if cfg.deterministic:
+        argv += ["--enable-deterministic-inference"]
+    if cfg.random_seed is not None:
+        argv += ["--random-seed", str(cfg.random_seed)]
+    if cfg.served_model_name:
+        argv += ["--served-model-name", cfg.served_model_name]
     argv += list(cfg.extra_args)
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpus),
            "SGLANG_VLM_CACHE_SIZE_MB": str(cfg.vlm_cache_size_mb)}
@@ -163,27 +183,60 @@ def sampling_payload(params: SamplingParams, banned_token_ids: Sequence[int] = (
     return sp
 
 
+def collapse_image_pads(input_ids: Sequence[int], image_token_id: int) -> list[int]:
+    """Each run of consecutive ``image_token_id`` (one image's patch tokens) as one token: the
+    form SGLang's multimodal processor expects (it counts one pad per image and expands it)."""
+    out: list[int] = []
+    for t in input_ids:
+        t = int(t)
+        if t == image_token_id and out and out[-1] == image_token_id:
+            continue
+        out.append(t)
+    return out
+
+
 def generate_payload(input_ids: Sequence[int], images: ImageInputs | None, params: SamplingParams,
-                     banned_token_ids: Sequence[int] = ()) -> dict[str, Any]:
+                     banned_token_ids: Sequence[int] = (), image_token_id: int | None = None) -> dict[str, Any]:
+    """The ``/generate`` body. ``input_ids`` are the locally expanded ids (as the processor made
+    them); with images they are sent with one ``image_token_id`` per image."""
+    ids = [int(t) for t in input_ids]
+    has_images = images is not None and len(images) > 0
+    if has_images:
+        if image_token_id is None:
+            raise ValueError("generate_payload: image_token_id is required when images are sent "
+                             "(SGLang expects one <|image_pad|> per image)")
+        ids = collapse_image_pads(ids, image_token_id)
+        n_pads = ids.count(image_token_id)
+        if n_pads != len(images):
+            raise ValueError(f"generate_payload: {n_pads} image placeholder runs in the prompt for {len(images)} images")
     payload: dict[str, Any] = {
-        "input_ids": [int(t) for t in input_ids],
+        "input_ids": ids,
         "sampling_params": sampling_payload(params, banned_token_ids),
         "return_logprob": True,
         "logprob_start_len": -1,  # logprobs of the output tokens only
         "stream": False,
     }
-    if images is not None and len(images):
+    if has_images:
         payload["image_data"] = images.data_urls()
     return payload
 
 
-def parse_generate_response(resp: dict[str, Any], weight_version: int = 0) -> GenerationOutput:
-    """GenerationOutput from a native ``/generate`` response (one request)."""
+def parse_generate_response(resp: dict[str, Any], weight_version: int = 0,
+                            expected_prompt_tokens: int | None = None) -> GenerationOutput:
+    """GenerationOutput from a native ``/generate`` response (one request). When the server's
+    ``meta_info.prompt_tokens`` differs from ``expected_prompt_tokens`` (the locally expanded
+    prompt), the server saw other ids than the trajectory holds: an error output, never trained on."""
     if isinstance(resp, list):
         if len(resp) != 1:
             raise EngineError(f"expected one response, got {len(resp)}")
         resp = resp[0]
     meta = resp.get("meta_info") or {}
+    got = meta.get("prompt_tokens")
+    if expected_prompt_tokens is not None and got is not None and int(got) != int(expected_prompt_tokens):
+        return GenerationOutput([], [], "error", weight_version, resp.get("text"),
+                                error=f"server prompt_tokens={got} but the local prompt has {expected_prompt_tokens} "
+                                      "tokens: the server expanded the image placeholders differently (processor "
+                                      "or min/max_pixels mismatch between the client and the served model)")
     lps = meta.get("output_token_logprobs")
     if lps is not None:
         ids = [int(x[1]) for x in lps]
@@ -231,9 +284,11 @@ def update_distributed_payload(named_shapes: list[tuple[str, str, list[int]]], v
 
 class SGLangEngine(HTTPSessionMixin, InferenceEngine):
     def __init__(self, url: str, server: SGLangServer | None = None, request_timeout_s: float = 900.0,
-                 max_retries: int = 3, max_concurrency: int = 256, banned_token_ids: Sequence[int] = ()):
+                 max_retries: int = 3, max_concurrency: int = 256, banned_token_ids: Sequence[int] = (),
+                 image_token_id: int | None = None):
         self.url = url.rstrip("/")
         self.banned_token_ids = list(banned_token_ids)
+        self.image_token_id = image_token_id  # <|image_pad|>: collapsed to one per image in requests
         self.server = server
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
@@ -271,11 +326,12 @@ class SGLangEngine(HTTPSessionMixin, InferenceEngine):
         t0 = time.perf_counter()
         async with self._sem:
             try:
-                resp = await self._post("/generate", generate_payload(input_ids, ImageInputs.wrap(images), params,
-                                                                      self.banned_token_ids))
-            except EngineError as exc:
+                body = generate_payload(input_ids, ImageInputs.wrap(images), params, self.banned_token_ids,
+                                        self.image_token_id)
+                resp = await self._post("/generate", body)
+            except (EngineError, ValueError) as exc:
                 return GenerationOutput([], [], "error", self.weight_version, error=str(exc))
-        out = parse_generate_response(resp, self.weight_version)
+        out = parse_generate_response(resp, self.weight_version, expected_prompt_tokens=len(input_ids))
         out.latency_s = time.perf_counter() - t0
         return out
 

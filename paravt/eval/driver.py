@@ -52,11 +52,82 @@ OVERVIEW_PROTOCOLS = {
 }
 
 
+RESUME_MODES = ("auto", "restart", "force", "never")
+
+
+class ResumeMismatch(RuntimeError):
+    """Existing results of a split were produced with other settings."""
+
+
+def weights_fingerprint(model: str) -> str:
+    """A fast fingerprint of a checkpoint's weight files (name, size, first and last MiB of each;
+    16 GB of 8B weights are not hashed in full); a hub id or missing path is fingerprinted by name."""
+    import hashlib  # noqa: PLC0415
+
+    p = Path(model)
+    files = sorted(list(p.glob("*.safetensors")) + list(p.glob("*.bin"))) if p.is_dir() else []
+    if not files:
+        return "name:" + model
+    h = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > (2 << 20):
+                fh.seek(-(1 << 20), os.SEEK_END)
+                h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def _git_commit() -> str | None:
+    import subprocess  # noqa: PLC0415
+
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                           cwd=Path(__file__).resolve().parent)
+        return r.stdout.strip() or None if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_identity(cfg: "EvalConfig", split: str) -> dict[str, Any]:
+    """Everything that changes a split's answers; resuming requires it to match."""
+    from dataclasses import asdict  # noqa: PLC0415
+
+    return {"split": split, "model": str(cfg.model), "weights": weights_fingerprint(str(cfg.model)),
+            "backend": cfg.backend, "nframes": cfg.nframes, "prompt_mode": cfg.prompt_mode,
+            "use_tools": cfg.agentic, "channel": cfg.channel, "overview": cfg.overview,
+            "think_prefix": cfg.think_prefix, "overview_pixels": [cfg.overview_min_pixels, cfg.overview_max_pixels],
+            "max_turns": cfg.max_turns, "max_parallel": cfg.max_parallel, "max_new_tokens": cfg.max_new_tokens,
+            "temperature": cfg.temperature, "final_answer_tokens": [cfg.final_answer_tokens_mcq,
+                                                                     cfg.final_answer_tokens_tvg],
+            "subtitle_max_chars": cfg.subtitle_max_chars, "crop": asdict(cfg.crop),
+            "shard": [cfg.shard_id, cfg.num_shards]}
+
+
+def bootstrap_stderr(values: list[float], seed: int = 0, n_boot: int = 1000) -> float:
+    """Standard error of the mean by a seeded bootstrap (as lmms-eval reports per metric)."""
+    import numpy as np  # noqa: PLC0415
+
+    if len(values) < 2:
+        return 0.0
+    x = np.asarray(values, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
+    return float(x[idx].mean(axis=1).std(ddof=1))
+
+
 @dataclass
 class ServerCfg:
     launch: str = "none"  # none | sglang
     urls: list[str] = field(default_factory=list)  # existing servers (round-robin)
-    model_name: str = "default"
+    # The name sent in chat requests: None = the server's own (read from /v1/models). vLLM answers
+    # 404 to any other name; launch vLLM with --served-model-name and, for file:// videos on the
+    # video_url channel, --allowed-local-media-path /data (see README "Evaluation").
+    model_name: str | None = None
+    # --enable-deterministic-inference for launched SGLang servers: sampling seeds honoured (slower);
+    # greedy eval (temperature 0) does not need it.
+    deterministic: bool = False
     replicas: int = 1
     base_port: int = 30000
     gpus_per_replica: int = 1
@@ -102,12 +173,19 @@ class EvalConfig:
     dtype: str = "float32"
     server: ServerCfg = field(default_factory=ServerCfg)
     progress: bool = True
+    # Resuming a split reuses its finished samples only when its run_config.json (model + weights
+    # fingerprint, K, prompt/overview/crop modes, token limits, ...) matches this run.
+    # auto: refuse on a mismatch; restart: move the old results aside and start over on a mismatch;
+    # force: reuse them anyway; never: always start over.
+    resume: str = "auto"
 
     def __post_init__(self):
         if self.model in ("", "???") and self.backend == "hf":
             raise ValueError("model is required")
         if self.backend not in ("hf", "openai"):
             raise ValueError(f"backend must be hf or openai, got {self.backend!r}")
+        if self.resume not in RESUME_MODES:
+            raise ValueError(f"resume must be one of {RESUME_MODES}, got {self.resume!r}")
         if self.overview not in OVERVIEW_PROTOCOLS:
             raise ValueError(f"overview must be one of {sorted(OVERVIEW_PROTOCOLS)}, got {self.overview!r}")
         if self.channel not in ("image_url", "video_url"):
@@ -178,6 +256,10 @@ def summarize(records: list[dict[str, Any]], metric: str = "accuracy") -> dict[s
     out["avg_tool_calls"] = sum(r["tool_calls"] for r in done) / n if n else 0.0
     out["tool_usage_rate"] = sum(r["tool_calls"] > 0 for r in done) / n if n else 0.0
     out["format_compliance"] = sum(r.get("well_formed", False) for r in done) / n if n else 0.0
+    per_sample = {"score": [r["score"] for r in done], "accuracy": [float(r["correct"]) for r in cls],
+                  "mIoU": [r["iou"] for r in tvg], "tool_usage_rate": [float(r["tool_calls"] > 0) for r in done],
+                  "format_compliance": [float(r.get("well_formed", False)) for r in done]}
+    out["stderr"] = {k: bootstrap_stderr(v) for k, v in per_sample.items() if k in out and v}
     for key in ("question_type", "duration_bucket", "task"):
         groups = defaultdict(list)
         for r in done:
@@ -221,6 +303,8 @@ class Evaluator:
                 g = cfg.server.gpus_per_replica
                 scfg = SGLangServerConfig(model_path=cfg.model, python=cfg.server.python, port=cfg.server.base_port + i,
                                           gpus=list(range(i * g, (i + 1) * g)), tp_size=g,
+                                          deterministic=cfg.server.deterministic,
+                                          served_model_name=cfg.server.model_name or cfg.row,
                                           log_file=str(self.root / f"sglang_{i}.log"))
                 self.servers.append(SGLangServer(scfg).start())
                 urls.append(scfg.url)
@@ -285,10 +369,47 @@ class Evaluator:
             rec["trajectory"] = traj.redacted()
         return rec
 
+    def _check_resume(self, split: str, out_jsonl: Path) -> dict[str, Any]:
+        """Write ``<split>.run_config.json``; decide whether the existing results may be reused."""
+        cfg = self.cfg
+        ident = run_identity(cfg, split)
+        cfg_path = self.root / f"{split}.run_config.json"
+        has_results = out_jsonl.exists() and out_jsonl.stat().st_size > 0
+        prev = json.loads(cfg_path.read_text()) if has_results and cfg_path.exists() else None
+        old = (prev or {}).get("identity")
+        diff = (sorted(k for k in set(ident) | set(old or {}) if (old or {}).get(k) != ident.get(k))
+                if old is not None else ["(no run_config.json: results of unknown settings)"])
+        if has_results and cfg.resume == "force" and diff:
+            # The results keep the identity they were produced with; the forced reuse is noted.
+            log.warning("%s: resume=force reuses results produced with other settings (%s)", split, ", ".join(diff))
+            record = dict(prev or {"identity": None})
+            record.setdefault("forced_resumes", []).append({"identity": ident, "differs": diff,
+                                                            "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            _atomic_json(cfg_path, record)
+            return record
+        if has_results and cfg.resume != "force":
+            if cfg.resume == "never" or diff:
+                if cfg.resume == "auto":
+                    raise ResumeMismatch(
+                        f"{out_jsonl} holds results from other settings ({', '.join(diff)} differ). Use another "
+                        "out= or row=, resume=restart to move them aside and start over, or resume=force to reuse them.")
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                for p in (out_jsonl, cfg_path):
+                    if p.exists():
+                        p.rename(p.with_name(p.name + f".{stamp}.bak"))
+                log.warning("%s: starting over (%s); old results kept as *.%s.bak", split,
+                            "resume=never" if cfg.resume == "never" else "settings changed: " + ", ".join(diff), stamp)
+        record = {"identity": ident, "git_commit": _git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                  "limit": cfg.limit}
+        self.root.mkdir(parents=True, exist_ok=True)
+        _atomic_json(cfg_path, record)
+        return record
+
     async def _run_split(self, split: str) -> dict[str, Any]:
         cfg = self.cfg
         samples = self._load(split)
         out_jsonl = self.root / f"{split}.jsonl"
+        run_config = self._check_resume(split, out_jsonl)
         done: dict[str, dict] = {}
         if out_jsonl.exists():
             text = out_jsonl.read_text()
@@ -323,7 +444,7 @@ class Evaluator:
         records = [done[s.id] for s in samples if s.id in done]
         summary = summarize(records)
         summary.update({"split": split, "row": cfg.row, "channel": cfg.channel, "prompt_mode": cfg.prompt_mode,
-                        "nframes": cfg.nframes})
+                        "nframes": cfg.nframes, "config": run_config})
         _atomic_json(self.root / f"{split}.json", summary)
         return summary
 
@@ -333,6 +454,8 @@ class Evaluator:
             self._start()
             try:
                 results[split] = asyncio.run(self._run_split(split))
+            except ResumeMismatch:
+                raise
             except FileNotFoundError as exc:
                 log.error("%s", exc)
                 results[split] = {"error": str(exc)}
@@ -380,7 +503,11 @@ def markdown_table(merged: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = parse_cli(EvalConfig, argv, "python -m paravt.eval.driver")
-    results = Evaluator(cfg).run()
+    try:
+        results = Evaluator(cfg).run()
+    except ResumeMismatch as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps({k: {m: v.get(m) for m in ("accuracy", "mIoU", "avg_tool_calls", "tool_usage_rate", "evaluated",
                                               "missing_video", "errors") if m in v} for k, v in results.items()},
                      indent=2))

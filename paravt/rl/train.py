@@ -223,6 +223,19 @@ class RolloutProducer(threading.Thread):
 # Trainer
 # ---------------------------------------------------------------------------------------
 
+def prune_weight_dirs(root: Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest ``vNNNNNN`` weight exports (8B: 16 GB each in bf16).
+    The server has loaded a version once ``update_weights`` returned; rollouts in flight use the
+    weights in GPU memory, not the files. Returns the deleted directories."""
+    import shutil  # noqa: PLC0415
+
+    dirs = sorted(p for p in Path(root).glob("v[0-9]*") if p.is_dir())
+    gone = dirs[: max(0, len(dirs) - max(1, keep))]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
 class RLTrainer:
     def __init__(self, cfg: RLConfig):
         self.cfg = cfg
@@ -292,7 +305,8 @@ class RLTrainer:
             url = scfg.url
         from paravt.engines.hf import vision_token_ids  # noqa: PLC0415
         self.engine = SGLangEngine(url, server=self.server if isinstance(self.server, SGLangServer) else None,
-                                   banned_token_ids=vision_token_ids(self.tokenizer))
+                                   banned_token_ids=vision_token_ids(self.tokenizer),
+                                   image_token_id=self.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
         self.control = SGLangEngine(url)
 
     def _sync_weights(self, version: int) -> float:
@@ -304,10 +318,13 @@ class RLTrainer:
                 self.engine._load_state({k: v for k, v in sd.items()})
                 self.engine.weight_version = version
         else:
-            path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d)
+            # In the trainer's dtype (bf16 for the 8B: half the bytes of fp32 to write and load).
+            path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d,
+                                      dtype=resolve_dtype(self.cfg.trainer.dtype))
             if self.d.is_main:
                 asyncio.run(self.control.update_weights(str(path), version))
                 asyncio.run(self.control.close())
+                prune_weight_dirs(self.out / "weights", keep=self.cfg.grpo.max_staleness + 1)
         parallel.barrier()
         return time.perf_counter() - t0
 

@@ -61,8 +61,10 @@ def test_sglang_client_matches_in_process_engine(server, tiny, rows):
                               THINK_PREFIX)
     p = SamplingParams(temperature=0.9, max_new_tokens=12, seed=11)
 
+    pad = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+
     async def go():
-        eng = SGLangEngine(url)
+        eng = SGLangEngine(url, image_token_id=pad)
         try:
             assert await eng.health()
             return await eng.generate(ids, imgs, p)
@@ -71,8 +73,29 @@ def test_sglang_client_matches_in_process_engine(server, tiny, rows):
     remote = asyncio.run(go())
     local = asyncio.run(HFEngine(model, proc).generate(ids, imgs, p))
     assert remote.error is None
-    assert remote.token_ids == local.token_ids  # images survived PNG round trip; same seed, same tokens
+    assert remote.token_ids == local.token_ids  # one pad per image, expanded by the server == local ids
     assert remote.logprobs == pytest.approx(local.logprobs, abs=1e-5)
+
+
+def test_server_rejects_expanded_pads_like_sglang_and_checks_prompt_length(server, tiny, rows):
+    """SGLang's processor expects one <|image_pad|> per image: pre-expanded ids are an error (400
+    here, 500 there); a client without the pad id refuses to send images at all."""
+    url, _ = server
+    _, proc = tiny
+    ids, imgs = encode_prompt(proc, build_messages("agentic_minimal", rows[0].question,
+                                                   sample_overview(rows[0].video, 2), "v.mp4", 60.0), THINK_PREFIX)
+    body = {"input_ids": list(ids), "image_data": imgs.data_urls(), "sampling_params": {"max_new_tokens": 2}}
+    r = requests.post(url + "/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "one per image" in r.text
+
+    async def go():
+        eng = SGLangEngine(url)  # no image_token_id
+        try:
+            return await eng.generate(ids, imgs, SamplingParams(max_new_tokens=2))
+        finally:
+            await eng.close()
+    out = asyncio.run(go())
+    assert out.finish_reason == "error" and "image_token_id is required" in out.error
 
 
 def test_sglang_client_weight_update_from_disk(server, tiny_dir, tmp_path, rows):
@@ -115,6 +138,34 @@ def test_openai_client_runs_an_eval_style_episode(server, tiny, rows):
     # token ids and logprobs came back from the server for every generated token
     assert sum(traj.main.loss_mask) == sum(t.n_generated for t in traj.turns) > 0
     assert all(lp <= 0 for lp in traj.main.logprobs)
+
+
+def test_openai_client_uses_the_served_name_and_asks_for_token_ids(server):
+    url, _ = server
+    msgs = [{"role": "user", "content": "Say something."}]
+    p = SamplingParams(temperature=0.0, max_new_tokens=4)
+
+    async def go(model):
+        eng = OpenAIEngine(url, model=model)
+        try:
+            return await eng.chat(msgs, p), eng.model
+        finally:
+            await eng.close()
+    out, name = asyncio.run(go(None))  # read from /v1/models
+    assert name == "paravt" and out.error is None and len(out.token_ids) == len(out.logprobs) > 0
+    out, _ = asyncio.run(go("default"))  # a name the server does not serve: 404, no retry
+    assert out.finish_reason == "error" and "HTTP 404" in out.error
+    r = requests.post(url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2}, timeout=60)
+    assert "token_ids" not in r.json()["choices"][0]  # only when asked (return_token_ids), as vLLM
+
+
+def test_prune_weight_dirs(tmp_path):
+    from paravt.rl.train import prune_weight_dirs
+    for v in range(1, 6):
+        (tmp_path / f"v{v:06d}").mkdir()
+    gone = prune_weight_dirs(tmp_path, keep=3)
+    assert [p.name for p in gone] == ["v000001", "v000002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000003", "v000004", "v000005"]
 
 
 def test_dead_server_gives_a_clear_error():

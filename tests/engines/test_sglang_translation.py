@@ -1,6 +1,5 @@
-"""SGLang cannot run on CPU: its launcher command line and the request/response translation
-are checked against SGLang's documented native API (GenerateReqInput, sampling params,
-meta_info.output_token_logprobs = [logprob, token_id, text], finish_reason.type)."""
+"""SGLang cannot run on CPU: its launcher command line and the request/response translation,
+by hand here; tests/conformance checks the same bodies with the pinned SGLang wheel's own types."""
 
 import pytest
 from PIL import Image
@@ -20,6 +19,9 @@ def test_launch_command_has_reference_settings():
                  "--mem-fraction-static 0.7", "--context-length 65536"):
         assert flag in s
     assert env == {"CUDA_VISIBLE_DEVICES": "7", "SGLANG_VLM_CACHE_SIZE_MB": "4096"}
+    assert "--enable-deterministic-inference" not in argv
+    argv, _ = launch_command(SGLangServerConfig(model_path="m", deterministic=True, served_model_name="paravt-8b"))
+    assert "--enable-deterministic-inference" in argv and argv[argv.index("--served-model-name") + 1] == "paravt-8b"
     with pytest.raises(ValueError, match="tp_size"):
         SGLangServerConfig(model_path="m", gpus=[0, 1, 2], tp_size=2)
     with pytest.raises(ValueError, match="model_path"):
@@ -28,8 +30,13 @@ def test_launch_command_has_reference_settings():
 
 def test_generate_payload():
     imgs = ImageInputs([Image.new("RGB", (32, 32), (255, 0, 0))])
-    p = generate_payload([5, 6, 7], imgs, SamplingParams(temperature=0.7, max_new_tokens=2048, seed=42, stop=["</answer>"]))
-    assert p["input_ids"] == [5, 6, 7] and p["return_logprob"] is True and p["stream"] is False
+    p = generate_payload([5, 9, 9, 9, 9, 7], imgs, SamplingParams(temperature=0.7, max_new_tokens=2048, seed=42,
+                                                               stop=["</answer>"]), image_token_id=9)
+    assert p["input_ids"] == [5, 9, 7] and p["return_logprob"] is True and p["stream"] is False  # one pad per image
+    with pytest.raises(ValueError, match="image_token_id"):
+        generate_payload([5, 9, 7], imgs, SamplingParams())
+    with pytest.raises(ValueError, match="2 image placeholder runs"):
+        generate_payload([9, 9, 5, 9], imgs, SamplingParams(), image_token_id=9)
     assert p["image_data"][0].startswith("data:image/png;base64,")
     sp = p["sampling_params"]
     assert sp["temperature"] == 0.7 and sp["max_new_tokens"] == 2048 and sp["sampling_seed"] == 42
@@ -44,9 +51,11 @@ def test_parse_generate_response():
             "meta_info": {"finish_reason": {"type": "stop", "matched": 2}, "prompt_tokens": 900,
                           "completion_tokens": 3, "weight_version": "4",
                           "output_token_logprobs": [[-0.1, 11, None], [-0.2, 12, None], [-0.05, 2, None]]}}
-    out = parse_generate_response(resp)
+    out = parse_generate_response(resp, expected_prompt_tokens=900)
     assert out.token_ids == [11, 12, 2] and out.logprobs == [-0.1, -0.2, -0.05]
     assert out.finish_reason == "stop" and out.weight_version == 4
+    bad = parse_generate_response(resp, expected_prompt_tokens=896)  # the server expanded images differently
+    assert bad.finish_reason == "error" and "prompt_tokens=900" in bad.error
     resp["meta_info"]["finish_reason"] = {"type": "length", "length": 3}
     assert parse_generate_response([resp]).finish_reason == "length"
     resp["meta_info"]["finish_reason"] = {"type": "abort", "message": "oom"}

@@ -175,3 +175,33 @@ def test_overview_protocols(world):
     assert episode_config(EvalConfig(model="m", think_prefix=True), "mcq").think_prefix  # explicit wins
     with pytest.raises(ValueError, match="overview"):
         EvalConfig(model="m", overview="mine")
+
+
+def test_changed_settings_refuse_to_resume(world, tiny_dir, tmp_path):
+    """A rerun with another K (or checkpoint) must not relabel old answers: refused (exit 2 on
+    the CLI), resume=restart starts over keeping the old file, resume=force reuses it."""
+    first = Evaluator(_cfg(world, tiny_dir, tmp_path, row="r", limit=2)).run()["synthetic"]
+    rc = json.loads((tmp_path / "r/image_url/synthetic.run_config.json").read_text())
+    assert rc["identity"]["nframes"] == 4 and rc["identity"]["weights"] != "name:" + str(tiny_dir)
+    assert first["config"]["identity"] == rc["identity"] and set(first["stderr"]) >= {"score", "format_compliance"}
+    again = Evaluator(_cfg(world, tiny_dir, tmp_path, row="r", limit=2)).run()["synthetic"]  # same settings: resumes
+    assert again["n"] == 2
+    with pytest.raises(Exception, match="nframes differ"):
+        Evaluator(_cfg(world, tiny_dir, tmp_path, row="r", limit=2, nframes=8)).run()
+    r = subprocess.run([sys.executable, "-m", "paravt.eval.driver", f"model={tiny_dir}", f"out={tmp_path}", "row=r",
+                        f"split_paths={{synthetic: {world}/local}}", "max_new_tokens=24", "progress=false",
+                        "nframes=8", "max_turns=1", "limit=2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "nframes" in r.stderr and "Traceback" not in r.stderr
+    forced = Evaluator(_cfg(world, tiny_dir, tmp_path, row="r", limit=2, nframes=8, resume="force")).run()["synthetic"]
+    assert forced["n"] == 2 and forced["config"]["identity"]["nframes"] == 4  # K=4 answers, labelled K=4
+    assert forced["config"]["forced_resumes"][0]["differs"] == ["nframes"]
+    Evaluator(_cfg(world, tiny_dir, tmp_path, row="r", limit=2, nframes=8, resume="restart")).run()
+    assert list((tmp_path / "r/image_url").glob("synthetic.jsonl.*.bak"))
+    assert json.loads((tmp_path / "r/image_url/synthetic.run_config.json").read_text())["identity"]["nframes"] == 8
+
+
+def test_bootstrap_stderr_is_seeded():
+    from paravt.eval.driver import bootstrap_stderr
+    v = [1.0, 0.0] * 50
+    assert bootstrap_stderr(v) == bootstrap_stderr(v) and 0.03 < bootstrap_stderr(v) < 0.07  # ~sqrt(.25/100)
+    assert bootstrap_stderr([1.0]) == 0.0

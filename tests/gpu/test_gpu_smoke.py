@@ -42,3 +42,42 @@ def test_sglang_server_generates_with_logprobs(tiny_dir, tmp_path):
                 await eng.close()
         out = asyncio.run(go())
     assert out.error is None and len(out.token_ids) == len(out.logprobs) > 0
+
+
+@pytest.mark.skipif(not Path(".venv-sglang/bin/python").exists(), reason="needs .venv-sglang (setup_env.sh rl)")
+def test_sglang_rollout_with_images_matches_the_local_ids(tiny, world, tmp_path):
+    """An image-carrying prompt through a real SGLang server: one <|image_pad|> per image sent,
+    the server's prompt_tokens equal the locally expanded prompt, and the trainer's re-score of
+    the returned tokens matches the server's logprobs (bf16 tolerance)."""
+    from paravt.agent.conversation import encode_prompt
+    from paravt.core.prompts import THINK_PREFIX, build_messages
+    from paravt.core.video import sample_overview
+    from paravt.data.schema import load_rl_rows
+    from paravt.engines.base import SamplingParams
+    from paravt.engines.hf import vision_token_ids
+    from paravt.engines.sglang import SGLangEngine, SGLangServer, SGLangServerConfig
+
+    model, proc = tiny
+    row = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])[0][0]
+    ids, imgs = encode_prompt(proc, build_messages("agentic_minimal", row.question, sample_overview(row.video, 5),
+                                                   "v.mp4", 60.0), THINK_PREFIX)
+    pad = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    cfg = SGLangServerConfig(model_path=str(Path(model.name_or_path)), gpus=[int(os.environ.get("PARAVT_TEST_GPU", 0))],
+                             mem_fraction_static=0.3, context_length=4096, port=31556, vlm_cache_size_mb=0,
+                             log_file=str(tmp_path / "sglang.log"))
+    with SGLangServer(cfg):
+        async def go():
+            eng = SGLangEngine(cfg.url, image_token_id=pad, banned_token_ids=vision_token_ids(proc.tokenizer))
+            try:
+                return await eng.generate(ids, imgs, SamplingParams(temperature=0.7, max_new_tokens=16, seed=3))
+            finally:
+                await eng.close()
+        out = asyncio.run(go())
+    assert out.error is None, out.error  # includes the prompt_tokens == len(local ids) check
+    seq = torch.tensor([list(ids) + out.token_ids])
+    pv, grid = imgs.tensors(proc)
+    with torch.no_grad():
+        logits = model(input_ids=seq, attention_mask=torch.ones_like(seq), mm_token_type_ids=(seq == pad).long(),
+                       pixel_values=pv, image_grid_thw=grid).logits[0, len(ids) - 1:-1].float()
+    lp = torch.log_softmax(logits / 0.7, -1).gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
+    assert torch.allclose(lp, torch.tensor(out.logprobs), atol=5e-2)

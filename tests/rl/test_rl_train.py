@@ -115,3 +115,19 @@ def test_kill_and_resume(world, tiny_dir, tmp_path):
 def test_unimplemented_nccl_sync_is_rejected():
     with pytest.raises(ValueError, match="not written yet"):
         load_config(RLConfig, "configs/rl/tiny.yaml", ["rollout.weight_sync=nccl"])
+
+
+def test_rl_step_through_the_http_rollout_server(world, tiny_dir, tmp_path):
+    """rollout.engine=hf_server: the rollout server runs in its own process and takes one
+    <|image_pad|> per image as SGLang does; the trainer re-scores the ids it kept locally to the
+    server's logprobs, so the server generated from exactly the trajectory's ids."""
+    out = tmp_path / "rl_http"
+    cfg = load_config(RLConfig, "configs/rl/tiny.yaml",
+                      _over(world, tiny_dir, out, max_steps=1, save_every=1, **{"rollout.engine": "hf_server",
+                                                                                  "grpo.max_staleness": 0}))
+    RLTrainer(cfg).train()
+    rec = _metrics(out)[0]
+    assert rec["ppo/tokens"] > 0 and rec["rollout/logprob_gap"] < 1e-3
+    trajs = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert trajs and all(t.get("error") is None for t in trajs)
+    assert not list((out / "weights").glob("v*"))[1:]  # exports pruned to what staleness needs (1)
