@@ -5,8 +5,12 @@
 # Finished stages are reused on a rerun (delete OUT_DIR to start over).
 #   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
 #   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
+#   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (20), EVAL_LIMIT (30 per cell), SEED (0)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+for a in "$@"; do  # --help before any work (no venv needed)
+  if [[ "$a" == "-h" || "$a" == "--help" ]]; then sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0" | sed '1s/^/usage: /'; exit 0; fi
+done
 OUT="${1:-$ROOT/runs/quickstart}"
 bash "$ROOT/scripts/setup_env.sh" cpu
 source "$ROOT/scripts/_common.sh" cpu
@@ -77,12 +81,25 @@ step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT sam
 # resume=restart: finished samples are reused only if the checkpoint and settings are the same.
 COMMON=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS" "overview=paravt" "resume=restart"
         "max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64")
+: > "$OUT/eval.log"
+evalrow() {  # one eval cell; its full log goes to eval.log, one progress line to the console
+  local row="$1"; shift
+  local t; t=$(date +%s)
+  printf '  %-20s ' "$row"
+  python -m paravt.eval.driver row="$row" progress=false "$@" >> "$OUT/eval.log" 2>&1 || { echo FAILED; tail -30 "$OUT/eval.log"; exit 1; }
+  python - "$OUT/eval/$row/image_url/synthetic.json" "$(( $(date +%s) - t ))" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"score {100 * s['score']:5.1f}  compliance {100 * s['format_compliance']:5.1f}  tools {100 * s['tool_usage_rate']:5.1f}%"
+      f"  ({s['evaluated']} q, {sys.argv[2]} s)")
+PY
+}
 for K in 4 64; do
-  python -m paravt.eval.driver model="$OUT/sft/final" row="sft-notool-K$K" nframes=$K max_turns=0 "${COMMON[@]:0:6}"
-  python -m paravt.eval.driver model="$OUT/sft/final" row="sft-tool-K$K" nframes=$K "${COMMON[@]}"
-  python -m paravt.eval.driver model="$OUT/rl_vanilla/final" row="vanilla-tool-K$K" nframes=$K think_prefix=false "${COMMON[@]}"
-  python -m paravt.eval.driver model="$OUT/rl_paragrpo/final" row="paragrpo-tool-K$K" nframes=$K "${COMMON[@]}"
-done > "$OUT/eval.log" 2>&1 || { tail -30 "$OUT/eval.log"; exit 1; }
+  evalrow "sft-notool-K$K" model="$OUT/sft/final" nframes=$K max_turns=0 "${COMMON[@]:0:6}"
+  evalrow "sft-tool-K$K" model="$OUT/sft/final" nframes=$K "${COMMON[@]}"
+  evalrow "vanilla-tool-K$K" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${COMMON[@]}"
+  evalrow "paragrpo-tool-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${COMMON[@]}"
+done
 
 step report "8/8 report"
 REUSED=1

@@ -8,6 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/_common.sh" eval
 cd "$ROOT"
+script_help "${BASH_SOURCE[0]}" "" "$@"
 if [[ "${1:-}" == "--smoke" ]]; then
   shift
   QS="${QS:-runs/quickstart}"

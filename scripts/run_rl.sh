@@ -9,6 +9,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/_common.sh" rl
 cd "$ROOT"
+script_help "${BASH_SOURCE[0]}" paravt.rl.train "$@"
 RECIPE="${1:-configs/rl/tiny.yaml}"; shift || true
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
 read -r NGPU ROLLOUT_GPUS < <(python - "$RECIPE" "$@" <<'PY'

@@ -8,6 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/_common.sh" sft
 cd "$ROOT"
+script_help "${BASH_SOURCE[0]}" paravt.sft.train "$@"
 RECIPE="${1:-configs/sft/tiny.yaml}"; shift || true
 if [[ -z "${NPROC:-}" ]]; then
   NPROC=$(python -c 'import torch; print(torch.cuda.device_count() or 1)')

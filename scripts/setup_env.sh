@@ -6,14 +6,36 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 
-pipq() {  # pip, quiet; on failure print its log and stop
+"$PYTHON" - <<'PY' || exit 2
+import sys
+if not ((3, 10) <= sys.version_info[:2] < (3, 13)):
+    sys.exit(f"[setup_env] Python {sys.version.split()[0]} found; ParaVT needs 3.10-3.12 (3.11 tested): "
+             "set PYTHON=/path/to/python3.11")
+PY
+
+pipq() {  # pip with one line per download/install step (first builds take minutes); on failure its log
   local venv="$1"; shift
-  local log; log="$(mktemp)"
-  if ! "$venv/bin/pip" install -q "$@" >"$log" 2>&1; then
+  local log rc; log="$(mktemp)"
+  "$venv/bin/pip" install --progress-bar off "$@" 2>&1 | tee "$log" \
+    | { grep --line-buffered -E "^(Downloading|Installing collected|Successfully installed)" | cut -c1-150 \
+        | sed -u 's/^/[pip] /' || true; }
+  rc=${PIPESTATUS[0]}
+  if [[ "$rc" != 0 ]]; then
     grep -v "^WARNING: Location" "$log" >&2; rm -f "$log"
     echo "[setup_env] pip install $* failed" >&2; exit 1
   fi
   rm -f "$log"
+}
+
+# torch from PyTorch's CPU index unless pip already sees a CPU wheel (a local wheel cache): PyPI's
+# torch for Linux is the CUDA build (GBs of nvidia-* wheels) that a CPU machine does not need.
+cpu_torch() {
+  local venv="$1" spec; spec="$(grep -E '^torch==' requirements/cpu.txt | cut -d' ' -f1)"
+  if "$venv/bin/pip" download --no-deps --no-index -q -d "$(mktemp -d)" "${spec}+cpu" >/dev/null 2>&1; then
+    pipq "$venv" "${spec}+cpu"
+  else
+    pipq "$venv" --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple "${spec}+cpu"
+  fi
 }
 
 build() {  # build <venv-name> <requirements file> [post-install command...]
@@ -27,6 +49,7 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
   fi
   echo "[setup_env] building .venv-$name from $req"
   "$PYTHON" -m venv "$venv"
+  if [[ "$name" == cpu || "$name" == conformance ]]; then cpu_torch "$venv"; fi
   pipq "$venv" -r "$req"
   if [[ "$name" != sglang ]]; then
     pipq "$venv" --no-deps -e "$ROOT"

@@ -80,15 +80,15 @@ class Tool(abc.ABC):
 @dataclass
 class CropConfig:
     mode: str = "subagent"  # subagent: a weight-sharing sub-agent summarises; frames: frames go back (eval)
-    fps: float = 1.0
-    min_frames: int = 1
-    max_frames: int = 16
-    min_pixels: int = 784
-    max_pixels: int = 50176
-    factor: int = 32
-    subagent_max_tokens: int = 512
-    subagent_temperature: float = 0.7
-    subagent_timeout_s: float = 300.0
+    fps: float = 1.0  # crop frames per second
+    min_frames: int = 1  # floor on frames per crop
+    max_frames: int = 16  # cap on frames per crop
+    min_pixels: int = 784  # per-frame lower pixel bound
+    max_pixels: int = 50176  # per-frame upper pixel bound
+    factor: int = 32  # frame sides rounded to multiples of this
+    subagent_max_tokens: int = 512  # sub-agent summary length (cut with [truncated])
+    subagent_temperature: float = 0.7  # sub-agent sampling temperature
+    subagent_timeout_s: float = 300.0  # a sub-agent slower than this returns an error tool response
 
     def __post_init__(self):
         if self.mode not in ("subagent", "frames"):

@@ -50,7 +50,9 @@ def load_config(schema: type[T], recipe: str | Path | None = None, overrides: li
         try:
             OmegaConf.update(cfg, key, parsed, merge=True)  # "data.0.path=..." indexes lists
         except Exception as exc:  # noqa: BLE001 - name the override in the error
-            raise ValueError(f"override {o!r}: {exc}") from exc
+            first = " ".join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__
+            hint = _nearest(key, schema) if "not in" in first or "Key" in type(exc).__name__ else ""
+            raise ValueError(f"override {o!r}: {first}{hint}") from exc
     return OmegaConf.to_object(cfg)
 
 
@@ -58,31 +60,126 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
 
 
-def config_help(schema: type, prog: str) -> str:
-    """A --help text listing every field (dotted) with its default."""
-    lines = [f"usage: {prog} [RECIPE.yaml] [key=value ...]", "", "settings (defaults shown):"]
+def _field_comments(cls: type) -> dict[str, str]:
+    """The trailing ``# comment`` of each field in the dataclass source: its help text (the
+    comment beside a setting is its documentation, so --help shows the same words)."""
+    import inspect  # noqa: PLC0415
+    import re  # noqa: PLC0415
+
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out: dict[str, str] = {}
+    pending: list[str] = []
+    for line in src.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            pending.append(stripped.lstrip("# ").strip())
+            continue
+        m = re.match(r"\s+(\w+)\s*:\s*[^=#]+(?:=[^#]*)?(?:#\s*(.*))?$", line)
+        if m and not stripped.startswith(("def ", "@", "return")):
+            text = " ".join(pending + ([m.group(2).strip()] if m.group(2) else []))
+            if text:
+                out.setdefault(m.group(1), text)
+        pending = []
+    return out
+
+
+def all_keys(schema: type) -> list[str]:
+    """Every dotted key of a config schema (nested dataclasses walked)."""
+    keys: list[str] = []
 
     def walk(cls, prefix=""):
         for f in dataclasses.fields(cls):
-            default = (f.default if f.default is not dataclasses.MISSING else
-                       f.default_factory() if f.default_factory is not dataclasses.MISSING else "???")
-            if dataclasses.is_dataclass(default):
-                walk(type(default), prefix + f.name + ".")
+            t = f.type if isinstance(f.type, type) else None
+            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+            sub = t if (t is not None and dataclasses.is_dataclass(t)) else (
+                type(default) if dataclasses.is_dataclass(default) else None)
+            if sub is not None:
+                walk(sub, prefix + f.name + ".")
             else:
-                lines.append(f"  {prefix}{f.name} = {default!r}")
+                keys.append(prefix + f.name)
     walk(schema)
+    return keys
+
+
+def config_help(schema: type, prog: str, recipe: str | Path | None = None) -> str:
+    """--help: every setting (dotted) with the value it would take (the recipe's when one is
+    given, else the schema's own defaults, factories included) and its description."""
+    values = OmegaConf.structured(schema)
+    if recipe is not None:
+        from hydra import compose, initialize_config_dir  # noqa: PLC0415
+        from hydra.core.global_hydra import GlobalHydra  # noqa: PLC0415
+        recipe = Path(recipe)
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(recipe.parent.resolve()), version_base=None):
+                values = OmegaConf.merge(values, compose(config_name=recipe.stem))
+        finally:
+            GlobalHydra.instance().clear()
+    src = f"the values of {recipe}" if recipe is not None else "defaults"
+    lines = [f"usage: {prog} [RECIPE.yaml] [key=value ...]", "", f"settings ({src}; ??? = required):"]
+
+    def walk(cls, node, prefix=""):
+        helps = _field_comments(cls)
+        for f in dataclasses.fields(cls):
+            val = node.get(f.name) if node is not None else None
+            child_cls = None
+            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+            if dataclasses.is_dataclass(default):
+                child_cls = type(default)
+            elif isinstance(f.type, type) and dataclasses.is_dataclass(f.type):
+                child_cls = f.type
+            if child_cls is not None and OmegaConf.is_dict(val):
+                walk(child_cls, val, prefix + f.name + ".")
+                continue
+            shown = OmegaConf.to_container(val) if OmegaConf.is_config(val) else val
+            if OmegaConf.is_missing(node, f.name):
+                shown = "???"
+            lines.append(f"  {prefix}{f.name} = {shown!r}" + (f"    # {helps[f.name]}" if f.name in helps else ""))
+    walk(schema, values)
     return "\n".join(lines)
 
 
+def _nearest(key: str, schema: type) -> str:
+    import difflib  # noqa: PLC0415
+
+    keys = all_keys(schema)
+    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if not near:
+        leaf = key.rsplit(".", 1)[-1]
+        near = [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:1]
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
 def parse_cli(schema: type[T], argv: list[str] | None, prog: str) -> T:
+    """``[RECIPE.yaml] [key=value ...]`` → the checked config. --help lists every setting; a bad
+    recipe, key or value is one line naming it (and the nearest valid key), exit code 2."""
+    from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(config_help(schema, prog))
-        raise SystemExit(0)
     recipe = None
     if argv and argv[0].endswith((".yaml", ".yml")):
         recipe, argv = argv[0], argv[1:]
+    if any(a in ("-h", "--help") for a in argv):
+        try:
+            text = config_help(schema, prog, recipe)
+        except Exception as exc:  # noqa: BLE001 - a broken recipe: one line, not a traceback
+            print(f"{prog}: {recipe}: {' '.join(str(exc).split())}", file=sys.stderr)
+            raise SystemExit(2) from None
+        try:
+            print(text)
+        except BrokenPipeError:  # --help | head
+            pass
+        raise SystemExit(0)
     bad = [a for a in argv if "=" not in a]
     if bad:
-        raise SystemExit(f"{prog}: arguments must be key=value overrides, got {bad}")
-    return load_config(schema, recipe, argv)
+        print(f"{prog}: arguments must be key=value overrides, got {bad} (--help lists the settings)", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        return load_config(schema, recipe, argv)
+    except (ValueError, KeyError, TypeError, FileNotFoundError, OmegaConfBaseException) as exc:
+        print(f"{prog}: {' '.join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__}",
+              file=sys.stderr)
+        raise SystemExit(2) from None

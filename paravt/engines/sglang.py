@@ -45,27 +45,27 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SGLangServerConfig:
-    model_path: str = ""
+    model_path: str = ""  # weights to serve (set by the trainer)
     python: str = ".venv-sglang/bin/python"  # SGLang's own environment (requirements/sglang.txt)
-    host: str = "127.0.0.1"
-    port: int = 30000
-    gpus: list[int] = field(default_factory=lambda: [0])
-    tp_size: int = 1
-    dtype: str = "bfloat16"
-    mem_fraction_static: float = 0.7
-    context_length: int = 32768
-    max_running_requests: int | None = None
+    host: str = "127.0.0.1"  # bind address
+    port: int = 30000  # HTTP port
+    gpus: list[int] = field(default_factory=lambda: [0])  # CUDA devices of the server
+    tp_size: int = 1  # tensor parallel size (divides len(gpus))
+    dtype: str = "bfloat16"  # serving dtype
+    mem_fraction_static: float = 0.7  # GPU memory for weights + KV cache
+    context_length: int = 32768  # max tokens per request
+    max_running_requests: int | None = None  # concurrent requests (null: SGLang's default)
     # SGLang's vision-embedding cache (the release: >= 4096 MB for 64-frame prompts). Neither
     # /flush_cache nor a weight update clears it, so while the vision tower trains (RL) it serves
     # stale features: the RL recipes set 0; eval (frozen weights) keeps it.
     vlm_cache_size_mb: int = 4096
     deterministic: bool = False  # --enable-deterministic-inference: sampling_seed honoured (reproducible eval)
-    random_seed: int | None = None
+    random_seed: int | None = None  # --random-seed
     served_model_name: str | None = None  # the name OpenAI-style clients must send
-    attention_backend: str | None = None
-    extra_args: list[str] = field(default_factory=list)
-    startup_timeout_s: float = 1200.0
-    log_file: str | None = None
+    attention_backend: str | None = None  # --attention-backend (null: SGLang's choice)
+    extra_args: list[str] = field(default_factory=list)  # more sglang.launch_server flags
+    startup_timeout_s: float = 1200.0  # give up waiting for /health after this
+    log_file: str | None = None  # server log (null: sglang_<port>.log)
 
     def __post_init__(self):
         if self.tp_size < 1 or len(self.gpus) % self.tp_size:

@@ -123,16 +123,16 @@ class ServerCfg:
     urls: list[str] = field(default_factory=list)  # existing servers (round-robin)
     # The name sent in chat requests: None = the server's own (read from /v1/models). vLLM answers
     # 404 to any other name; launch vLLM with --served-model-name and, for file:// videos on the
-    # video_url channel, --allowed-local-media-path /data (see README "Evaluation").
+    # video_url channel, --allowed-local-media-path /data (see docs/GUIDE.md "Evaluation").
     model_name: str | None = None
     # --enable-deterministic-inference for launched SGLang servers: sampling seeds honoured (slower);
     # greedy eval (temperature 0) does not need it.
     deterministic: bool = False
-    replicas: int = 1
-    base_port: int = 30000
-    gpus_per_replica: int = 1
-    restart_between_datasets: bool = True
-    python: str = ".venv-sglang/bin/python"
+    replicas: int = 1  # SGLang servers launched (one per GPU group)
+    base_port: int = 30000  # port of the first launched server
+    gpus_per_replica: int = 1  # GPUs (tensor parallel) per server
+    restart_between_datasets: bool = True  # a fresh server per split (long sessions dropped connections)
+    python: str = ".venv-sglang/bin/python"  # SGLang's venv interpreter
 
 
 @dataclass
@@ -140,18 +140,18 @@ class EvalConfig:
     model: str = "???"  # checkpoint dir or hub id (hf backend / server launch)
     row: str = "model"  # the Table-1 row name used in the output path
     backend: str = "hf"  # hf | openai
-    prompt_mode: str = "agentic_general"
+    prompt_mode: str = "agentic_general"  # direct | reasoning | agentic_general | agentic_minimal | any configs/prompts/*.txt
     use_tools: bool | None = None  # None: on for agentic_* modes; set true for a tool-using baseline-native mode
     channel: str = "image_url"  # image_url (client-side frames) | video_url (server-side decode)
-    splits: list[str] = field(default_factory=lambda: ["synthetic"])
-    data_root: str = "data/benchmarks"
-    split_paths: dict[str, str] = field(default_factory=dict)
-    out: str = "runs/eval"
-    nframes: int = 64
-    max_turns: int = 3
-    max_parallel: int = 5
-    max_new_tokens: int = 2048
-    temperature: float = 0.0
+    splits: list[str] = field(default_factory=lambda: ["synthetic"])  # benchmark splits to run (or synthetic)
+    data_root: str = "data/benchmarks"  # benchmarks live under data_root/<split dir>
+    split_paths: dict[str, str] = field(default_factory=dict)  # per-split folder overrides, e.g. {synthetic: DIR}
+    out: str = "runs/eval"  # results: <out>/<row>/<channel>/<split>.jsonl + summaries
+    nframes: int = 64  # overview frames K
+    max_turns: int = 3  # tool rounds (0: no tools)
+    max_parallel: int = 5  # tool calls executed per turn (extra ones dropped)
+    max_new_tokens: int = 2048  # tokens per turn
+    temperature: float = 0.0  # 0 = greedy
     # Overview protocol. release (the authors' eval driver, used for Table 1): K frames as bare
     # images at qwen-vl-utils' default video pixel bounds (100352-602112 px), no timestamps, no
     # "Video/Duration" header, no forced "<think>\n". paravt: 784-50176 px, "<t seconds>" before
@@ -159,20 +159,20 @@ class EvalConfig:
     overview: str = "release"
     think_prefix: bool | None = None  # None: the protocol's (release: off, paravt: on)
     overview_min_pixels: int | None = None  # None: the protocol's
-    overview_max_pixels: int | None = None
+    overview_max_pixels: int | None = None  # None: the protocol's
     subtitle_max_chars: int | None = None  # None: the whole SRT (as released); a cap saves context
-    final_answer_tokens_mcq: int = 64
-    final_answer_tokens_tvg: int = 128
+    final_answer_tokens_mcq: int = 64  # token budget of the forced last answer (MCQ)
+    final_answer_tokens_tvg: int = 128  # token budget of the forced last answer (grounding)
     crop: CropConfig = field(default_factory=lambda: CropConfig(mode="frames"))
-    concurrency: int = 8
-    shard_id: int = 0
-    num_shards: int = 1
-    limit: int | None = None
-    save_trajectory: bool = False
-    retries: int = 3
-    dtype: str = "float32"
+    concurrency: int = 8  # samples in flight
+    shard_id: int = 0  # this process's shard
+    num_shards: int = 1  # shards a split is divided into
+    limit: int | None = None  # first N samples of each split (null: all)
+    save_trajectory: bool = False  # keep every turn in the JSONL (frames replaced by a note)
+    retries: int = 3  # attempts per sample (backoff)
+    dtype: str = "float32"  # in-process engine dtype
     server: ServerCfg = field(default_factory=ServerCfg)
-    progress: bool = True
+    progress: bool = True  # tqdm progress bar
     # Resuming a split reuses its finished samples only when its run_config.json (model + weights
     # fingerprint, K, prompt/overview/crop modes, token limits, ...) matches this run.
     # auto: refuse on a mismatch; restart: move the old results aside and start over on a mismatch;

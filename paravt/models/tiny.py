@@ -223,7 +223,7 @@ class CopyWarmup:
     at all). On ``prefix + x + x`` over random ordinary tokens (loss on the second ``x`` only,
     random lengths, so no positional shortcut) the loss stays at ~6.4 for 1200-1600 steps, then
     drops (phase change) to ~0.6 at 3000 steps (lr 2e-3, ~2.5 min on 2 cores). Measured through a
-    whole quickstart (README "Why the tiny main agent cannot copy yet"): the SFT model then copies
+    whole quickstart (docs/RESULTS.md "Why the tiny main agent cannot copy yet"): the SFT model then copies
     the question's shape, but sees worse and loops under greedy decoding, so it is off by default.
     ``steps=0`` keeps the random init.
     """

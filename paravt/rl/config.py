@@ -22,7 +22,7 @@ class Constrained:
 @dataclass
 class Gating:
     nframes_gating: bool = True  # K ~ Uniform(choices) per prompt; off -> hierarchical_agent.nframes
-    choices: list[int] = field(default_factory=lambda: list(DEFAULT_CHOICES))
+    choices: list[int] = field(default_factory=lambda: list(DEFAULT_CHOICES))  # the K values drawn per prompt
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Anchoring:
 @dataclass
 class RewardCfg:
     mode: str = "f1"  # f1 | exact | llm
-    format_weight: float = 1.0
+    format_weight: float = 1.0  # weight of R_fmt in R = R_acc + w R_fmt + R_tool
     credit_executed_tools: bool = False  # see paravt.rl.rewards.terms (R_tool decision)
     rules: str = "release"  # release (the authors' reward) | paravt (eval's scorer; see rewards.terms)
 
@@ -63,32 +63,32 @@ class AgentCfg:
     # row: the parquet's own system prompt and user text, frames at the <video> mark (the release);
     # mode: configs/prompts/<prompt_mode>.txt + a "Video / Duration" header (ours; the tiny world's SFT format)
     prompt_source: str = "row"
-    prompt_mode: str = "agentic_general"
-    max_turns: int = 3
+    prompt_mode: str = "agentic_general"  # system prompt file for prompt_source=mode (configs/prompts/<mode>.txt)
+    max_turns: int = 3  # tool rounds per episode
     max_parallel: int | None = None  # calls executed per turn (None: all, as the release trains; eval uses 5)
-    max_new_tokens: int = 2048
-    max_context_tokens: int = 32768
-    include_subagent_in_loss: bool = False
+    max_new_tokens: int = 2048  # tokens per main-agent turn
+    max_context_tokens: int = 32768  # an episode stops when its context reaches this
+    include_subagent_in_loss: bool = False  # train on sub-agent turns too (with the episode's advantage)
     crop: CropConfig = field(default_factory=CropConfig)
 
 
 @dataclass
 class GRPOCfg:
-    n_samples: int = 8
-    prompts_per_step: int = 7
-    temperature: float = 0.7
-    top_p: float = 1.0
-    reward_bias: float = -0.2
-    reward_scale: float = 10.0
+    n_samples: int = 8  # rollouts per prompt (the group)
+    prompts_per_step: int = 7  # prompts per step; a multiple of the trainer world size
+    temperature: float = 0.7  # rollout sampling temperature
+    top_p: float = 1.0  # rollout nucleus sampling
+    reward_bias: float = -0.2  # shaped reward = (r + bias) * scale
+    reward_scale: float = 10.0  # shaped reward = (r + bias) * scale
     reward_clip: float | None = 20.0  # |shaped reward| cap before normalisation (AReaL's default)
-    group_norm: bool = True
-    batch_adv_norm: bool = True
-    clip_eps: float = 0.2
-    kl_coef: float = 0.01
+    group_norm: bool = True  # divide by the group std (else centre only)
+    batch_adv_norm: bool = True  # normalise advantages over the batch
+    clip_eps: float = 0.2  # PPO ratio clip
+    kl_coef: float = 0.01  # KL coefficient to the frozen reference (0: no reference model)
     kl_mode: str = "reward_k1"  # reward_k1 (the release: per-token k1 penalty in the reward) | loss_k3
     adv_norm_level: str = "token"  # token (the release: over policy tokens) | sequence
-    behav_imp_weight_cap: float | None = 5.0
-    ppo_minibatches: int = 1
+    behav_imp_weight_cap: float | None = 5.0  # decoupled loss: drop tokens whose behaviour importance weight exceeds this (null: off)
+    ppo_minibatches: int = 1  # optimizer steps per RL step
     max_staleness: int = 2  # rollouts may be this many policy versions old (0 = synchronous)
 
     def __post_init__(self):
@@ -104,11 +104,11 @@ class GRPOCfg:
 
 @dataclass
 class OptimCfg:
-    lr: float = 2e-6
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    lr: float = 2e-6  # learning rate (Adam, constant)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas
+    eps: float = 1e-8  # Adam epsilon
+    weight_decay: float = 0.01  # weight decay
+    grad_clip: float = 1.0  # global grad-norm clip
 
 
 @dataclass
@@ -116,8 +116,8 @@ class RolloutCfg:
     engine: str = "hf"  # hf (in-process, embedded default) | hf_server (HTTP, CPU) | sglang (GPU server)
     weight_sync: str = "disk"  # disk (nccl: not implemented in the trainer yet) ; the in-process engine takes the state dict
     server: SGLangServerConfig = field(default_factory=SGLangServerConfig)
-    batch_wait_s: float = 0.03
-    dtype: str = "float32"
+    batch_wait_s: float = 0.03  # in-process engine: requests arriving this close are batched
+    dtype: str = "float32"  # in-process / hf_server engine dtype
 
     def __post_init__(self):
         if self.engine not in ("hf", "hf_server", "sglang"):
@@ -133,9 +133,9 @@ class RolloutCfg:
 @dataclass
 class TrainerCfg:
     strategy: str = "fsdp2"  # fsdp2 | none
-    dtype: str = "bfloat16"
-    attn_implementation: str | None = None
-    gradient_checkpointing: bool = True
+    dtype: str = "bfloat16"  # compute dtype (master weights fp32)
+    attn_implementation: str | None = None  # sdpa | flash_attention_2 | eager (null: flash-attn on CUDA if installed)
+    gradient_checkpointing: bool = True  # recompute activations in backward
 
     def __post_init__(self):
         resolve_dtype(self.dtype)
@@ -145,23 +145,23 @@ class TrainerCfg:
 
 @dataclass
 class LogCfg:
-    wandb_project: str | None = "paravt-rl"
-    wandb_mode: str = "offline"
-    progress: bool = True
+    wandb_project: str | None = "paravt-rl"  # wandb project (null: no wandb; metrics.jsonl always)
+    wandb_mode: str = "offline"  # offline | online | disabled
+    progress: bool = True  # tqdm progress bar
     save_trajectories: int = 2  # episodes per step written to trajectories.jsonl (redacted)
 
 
 @dataclass
 class RLConfig:
-    model_path: str = "???"
+    model_path: str = "???"  # the cold-start SFT checkpoint (required)
     ref_model_path: str | None = None  # default: model_path
-    output_dir: str = "runs/rl"
-    train_data: list[str] = field(default_factory=list)
-    data_root: str = ""
-    max_steps: int = 54
-    save_every: int = 5
-    keep_last: int = 2
-    seed: int = 0
+    output_dir: str = "runs/rl"  # checkpoints/, final/, weights/, metrics.jsonl, curves.png, trajectories.jsonl
+    train_data: list[str] = field(default_factory=list)  # RL parquets (prompt, videos, extra_info)
+    data_root: str = ""  # relative train_data paths are under this folder
+    max_steps: int = 54  # RL steps (the released ParaVT-8B: 54)
+    save_every: int = 5  # checkpoint every N steps
+    keep_last: int = 2  # complete checkpoints kept on disk
+    seed: int = 0  # seeds K draws, prompt order and sampling
     resume: str = "auto"  # auto | never | <checkpoint dir>
     paravt: ParaVTCfg = field(default_factory=ParaVTCfg)
     hierarchical_agent: AgentCfg = field(default_factory=AgentCfg)

@@ -41,12 +41,12 @@ IGNORE = -100
 
 @dataclass
 class VideoSampling:
-    fps: float = 1.0
-    max_frames: int = 64
-    min_frames: int = 1
-    min_pixels: int = 784
-    max_pixels: int = 50176
-    factor: int = 32
+    fps: float = 1.0  # frames per second sampled from a video window
+    max_frames: int = 64  # cap on frames per video
+    min_frames: int = 1  # floor on frames per video
+    min_pixels: int = 784  # per-frame lower pixel bound (smart resize)
+    max_pixels: int = 50176  # per-frame upper pixel bound (smart resize)
+    factor: int = 32  # frame sides rounded to multiples of this (patch x merge)
 
 
 @dataclass

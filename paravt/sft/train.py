@@ -40,17 +40,17 @@ log = logging.getLogger("paravt.sft")
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-5
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.01
+    lr: float = 2e-5  # peak learning rate (AdamW)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    eps: float = 1e-8  # AdamW epsilon
+    weight_decay: float = 0.01  # AdamW weight decay (not on norms/biases)
     scheduler: str = "cosine"  # cosine | constant
-    warmup_ratio: float = 0.05
+    warmup_ratio: float = 0.05  # linear warm-up as a fraction of the planned schedule
     # Steps the warm-up + cosine is planned over (None: max_steps). The authors plan 1500 steps
     # (1 epoch) and release step 500, where the cosine is unfinished (lr ~0.8x peak).
     schedule_steps: int | None = None
-    min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0
+    min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
+    grad_clip: float = 1.0  # global grad-norm clip
     vision_lr_scale: float = 1.0  # lr multiplier for the vision tower (0 freezes it)
 
     def __post_init__(self):
@@ -65,8 +65,8 @@ class OptimConfig:
 @dataclass
 class DistConfig:
     strategy: str = "fsdp2"  # fsdp2 | deepspeed | ddp | none
-    zero_stage: int = 3
-    reshard_after_forward: bool = True
+    zero_stage: int = 3  # DeepSpeed ZeRO stage (strategy=deepspeed)
+    reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (memory for comms)
 
     def __post_init__(self):
         if self.strategy not in ("fsdp2", "deepspeed", "ddp", "none"):
@@ -75,29 +75,29 @@ class DistConfig:
 
 @dataclass
 class LogConfig:
-    log_every: int = 1
-    wandb_project: str | None = "paravt-sft"
-    wandb_mode: str = "offline"
-    progress: bool = True
+    log_every: int = 1  # metrics every N steps
+    wandb_project: str | None = "paravt-sft"  # wandb project (null: no wandb; metrics.jsonl always)
+    wandb_mode: str = "offline"  # offline | online | disabled
+    progress: bool = True  # tqdm progress bar
 
 
 @dataclass
 class SFTConfig:
-    model_path: str = "???"
-    output_dir: str = "runs/sft"
-    data: list[Shard] = field(default_factory=list)
+    model_path: str = "???"  # base model: a save_pretrained dir or hub id (required)
+    output_dir: str = "runs/sft"  # checkpoints/, final/, metrics.jsonl, loss_curve.png
+    data: list[Shard] = field(default_factory=list)  # manifest: list of {path, name, max_rows, optional} parquet shards
     data_root: str = ""  # shard paths that are not absolute are relative to this folder
-    max_length: int = 8192
-    packing: bool = True
+    max_length: int = 8192  # longest tokenised row (or packed bin); longer rows are skipped and counted
+    packing: bool = True  # pack rows into max_length bins (per-sequence M-RoPE positions)
     per_device_batch_size: int = 4  # rows per micro-batch (padded) or packed bins per micro-batch
-    grad_accum: int = 1
-    max_steps: int = 500
-    save_every: int = 100
-    keep_last: int = 2
-    seed: int = 0
+    grad_accum: int = 1  # micro-batches per optimizer step
+    max_steps: int = 500  # optimizer steps to train (the schedule may be planned longer: optim.schedule_steps)
+    save_every: int = 100  # checkpoint every N steps
+    keep_last: int = 2  # complete checkpoints kept on disk
+    seed: int = 0  # seeds data order, init and dropout
     dtype: str = "bfloat16"  # compute dtype; master weights stay fp32
     attn_implementation: str | None = None  # None: flash_attention_2 on CUDA if installed, else sdpa
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool = True  # recompute activations in backward (memory for time)
     resume: str = "auto"  # auto | never | <checkpoint dir>
     video: VideoSampling = field(default_factory=VideoSampling)
     optim: OptimConfig = field(default_factory=OptimConfig)

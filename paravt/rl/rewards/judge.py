@@ -18,10 +18,10 @@ PROMPT = (
 
 @dataclass
 class JudgeConfig:
-    base_url: str = ""
-    model: str = ""
+    base_url: str = ""  # OpenAI-compatible judge endpoint for reward.mode=llm
+    model: str = ""  # judge model name
     api_key_env: str = "PARAVT_JUDGE_API_KEY"  # the key itself lives in .secrets.env, never in a recipe
-    timeout_s: float = 20.0
+    timeout_s: float = 20.0  # a slower judge falls back to F1
 
 
 class LLMJudge:
