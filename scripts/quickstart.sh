@@ -98,8 +98,11 @@ for K in 4 64; do
   evalrow "sft-notool-K$K" model="$OUT/sft/final" nframes=$K max_turns=0 "${COMMON[@]:0:6}"
   evalrow "sft-tool-K$K" model="$OUT/sft/final" nframes=$K "${COMMON[@]}"
   evalrow "vanilla-tool-K$K" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${COMMON[@]}"
-  evalrow "paragrpo-tool-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${COMMON[@]}"
+  evalrow "paragrpo-tool-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${COMMON[@]}" save_trajectory=true trajectory_thumbnails=48
 done
+# The trajectory viewer: every PARA-GRPO eval episode (K = 4 and 64) on one static page.
+python -m paravt.viz "$OUT"/eval/paragrpo-tool-K*/image_url/synthetic.jsonl -o "$OUT/viewer_eval.html" \
+  --title "PARA-GRPO eval episodes (quickstart)"
 
 step report "8/8 report"
 REUSED=1

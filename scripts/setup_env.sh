@@ -27,14 +27,14 @@ pipq() {  # pip with one line per download/install step (first builds take minut
   rm -f "$log"
 }
 
-# torch from PyTorch's CPU index unless pip already sees a CPU wheel (a local wheel cache): PyPI's
-# torch for Linux is the CUDA build (GBs of nvidia-* wheels) that a CPU machine does not need.
+# torch from PyTorch's CPU index (requirements/cpu-torch.txt) unless pip already sees a local CPU
+# wheel: PyPI's torch for Linux is the CUDA build (GBs of nvidia-* wheels) a CPU machine does not need.
 cpu_torch() {
-  local venv="$1" spec; spec="$(grep -E '^torch==' requirements/cpu.txt | cut -d' ' -f1)"
-  if "$venv/bin/pip" download --no-deps --no-index -q -d "$(mktemp -d)" "${spec}+cpu" >/dev/null 2>&1; then
-    pipq "$venv" "${spec}+cpu"
+  local venv="$1" spec; spec="$(grep -E '^torch==' requirements/cpu-torch.txt)"
+  if "$venv/bin/pip" download --no-deps --no-index -q -d "$(mktemp -d)" "$spec" >/dev/null 2>&1; then
+    pipq "$venv" "$spec"
   else
-    pipq "$venv" --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple "${spec}+cpu"
+    pipq "$venv" -r requirements/cpu-torch.txt
   fi
 }
 

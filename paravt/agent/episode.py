@@ -190,7 +190,8 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
                                  None if is_chat else processor, schemas)
     conv = (ChatConversation(engine, ov.messages, cfg.prefix) if is_chat
             else TokenConversation(engine, processor, ov.prompt_ids, ov.images, ov.messages, cfg.prefix))
-    traj = Trajectory(sample.sample_id, k, conv.record)
+    traj = Trajectory(sample.sample_id, k, conv.record, overview_times=[f.timestamp for f in ov.frames],
+                      duration=ov.duration)
     prefix = cfg.prefix
 
     for turn in range(cfg.max_turns + 1):

@@ -105,6 +105,8 @@ class Trajectory:
     end_reason: str = ""  # answer | max_turns | length | context | error
     error: str | None = None
     seconds: float = 0.0
+    overview_times: list[float] = field(default_factory=list)  # timestamps of the K overview frames
+    duration: float | None = None
 
     @property
     def completion_text(self) -> str:
@@ -131,10 +133,20 @@ class Trajectory:
             "max_parallel_calls": max((len(t.calls) for t in self.turns), default=0),
         }
 
-    def redacted(self) -> dict[str, Any]:
-        """A JSON-able record of the episode with images replaced by a count."""
+    def redacted(self, thumbnails: int = 0) -> dict[str, Any]:
+        """A JSON-able record of the episode with images replaced by a count; with
+        ``thumbnails=N`` the overview frames are kept as small JPEG data URLs (longest side N px)
+        with their timestamps, for the trajectory viewer (``python -m paravt.viz``)."""
+        rec = self._redacted()
+        if thumbnails and self.overview_times and self.main.images is not None:
+            imgs = list(getattr(self.main.images, "images", self.main.images))[: len(self.overview_times)]
+            rec["overview"] = [{"t": t, "jpeg": jpeg_thumbnail(im, thumbnails)} for t, im in zip(self.overview_times, imgs)]
+        return rec
+
+    def _redacted(self) -> dict[str, Any]:
         return {
             "sample_id": self.sample_id, "k": self.k, "end_reason": self.end_reason, "error": self.error,
+            "duration": self.duration,
             "turns": [{"index": t.index, "text": t.text, "finish_reason": t.finish_reason,
                        "parse_errors": t.parse_errors, "dropped_calls": t.dropped_calls,
                        "calls": [{"name": c.name, "arguments": c.arguments, "ok": c.ok, "window": c.window,
@@ -143,3 +155,15 @@ class Trajectory:
             "images": f"<{len(self.main.images or [])} frame(s) omitted>",
             "stats": self.stats,
         }
+
+
+def jpeg_thumbnail(image, side: int = 64, quality: int = 70) -> str:
+    """A small JPEG data URL of a PIL image (longest side ``side`` px)."""
+    import base64  # noqa: PLC0415
+    import io  # noqa: PLC0415
+
+    im = image.convert("RGB").copy()
+    im.thumbnail((side, side))
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", quality=quality)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()

@@ -169,6 +169,7 @@ class EvalConfig:
     num_shards: int = 1  # shards a split is divided into
     limit: int | None = None  # first N samples of each split (null: all)
     save_trajectory: bool = False  # keep every turn in the JSONL (frames replaced by a note)
+    trajectory_thumbnails: int = 0  # with save_trajectory: keep the overview frames as JPEG thumbnails of this size (px)
     retries: int = 3  # attempts per sample (backoff)
     dtype: str = "float32"  # in-process engine dtype
     server: ServerCfg = field(default_factory=ServerCfg)
@@ -366,7 +367,10 @@ class Evaluator:
                     "well_formed": bool(traj.turns) and all(turn_well_formed(t.text) for t in traj.turns)
                     if cfg.prompt_mode != "direct" else True, "seconds": round(time.perf_counter() - t0, 3)})
         if cfg.save_trajectory:
-            rec["trajectory"] = traj.redacted()
+            rec["trajectory"] = traj.redacted(thumbnails=cfg.trajectory_thumbnails)
+            rec["trajectory"].update({"question": s.question, "question_type": s.question_type, "answer": s.answer,
+                                      "span": s.span or (s.answer if s.question_type == "tvg" else None),
+                                      "score": rec.get("score")})
         return rec
 
     def _check_resume(self, split: str, out_jsonl: Path) -> dict[str, Any]:

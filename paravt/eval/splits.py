@@ -46,6 +46,7 @@ class EvalSample:
     task: str = ""
     subtitle: str | None = None
     duration: float | None = None
+    span: list[float] | None = None  # where the asked event happens, when known (the viewer draws it)
 
     @property
     def video_exists(self) -> bool:
@@ -193,7 +194,8 @@ def load_synthetic(c: SplitConfig, root: Path) -> list[EvalSample]:
         if r.question_type == "tvg":
             ans = json.loads(ans) if isinstance(ans, str) else ans
         out.append(EvalSample(r.sample_id, c.name, r.video, r.question, ans, r.question_type,
-                              _bucket(d, c.duration_buckets), r.question_type, duration=d))
+                              _bucket(d, c.duration_buckets), r.question_type, duration=d,
+                              span=r.extra_info.get("span")))
     return out
 
 

@@ -148,7 +148,8 @@ class LogCfg:
     wandb_project: str | None = "paravt-rl"  # wandb project (null: no wandb; metrics.jsonl always)
     wandb_mode: str = "offline"  # offline | online | disabled
     progress: bool = True  # tqdm progress bar
-    save_trajectories: int = 2  # episodes per step written to trajectories.jsonl (redacted)
+    save_trajectories: int = 2  # episodes per step (a seeded random sample) written to trajectories.jsonl
+    trajectory_thumbnails: int = 48  # overview frames kept as JPEG thumbnails of this size (px) for the viewer; 0: none
 
 
 @dataclass

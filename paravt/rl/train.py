@@ -174,11 +174,16 @@ async def generate_rollouts(step: int, prompts: list[EpisodeSample], engine, pro
                 samples.append(Sample(seq.input_ids, seq.loss_mask, seq.logprobs, seq.images, a_, "subagent"))
     metrics = rollout_metrics(trajs, rewards, kk, extra["frac_reward_zero_std"])
     versions = [turn.weight_version for t in trajs for turn in t.turns]
-    keep = cfg.logging.save_trajectories
+    # A seeded random sample of the batch's episodes (not just the first group) for the viewer.
+    import random  # noqa: PLC0415
+    picked = sorted(random.Random(stable_hash(cfg.seed, "trajectories", step)).sample(
+        range(len(trajs)), min(cfg.logging.save_trajectories, len(trajs))))
     recs = []
-    for t, r, gi in list(zip(trajs, rewards, groups))[:keep]:
-        rec = t.redacted()
-        rec.update({"step": step, "reward": r.to_dict(), "answer": prompts[gi].answer})
+    for i in picked:
+        t, r, s = trajs[i], rewards[i], prompts[groups[i]]
+        rec = t.redacted(thumbnails=cfg.logging.trajectory_thumbnails)
+        rec.update({"step": step, "reward": r.to_dict(), "score": r.acc, "answer": s.answer,
+                    "question": s.question, "question_type": s.question_type, "span": s.extra.get("span")})
         recs.append(rec)
     return RolloutBatch(step, samples, metrics, recs, time.perf_counter() - t0, min(versions) if versions else 0)
 

@@ -42,6 +42,12 @@ def test_two_steps_in_one_process(world, tiny_dir, tmp_path):
     assert (final / "model.safetensors").exists() and (out / "curves.png").exists()
     trajs = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
     assert trajs and "<" in trajs[0]["images"] and "reward" in trajs[0]
+    t = trajs[0]  # what the viewer needs: thumbnails with timestamps, question, answer span
+    assert len(t["overview"]) == t["k"] and t["overview"][0]["jpeg"].startswith("data:image/jpeg")
+    assert t["question"] and t["span"] and t["question_type"] in ("mcq", "oe", "tvg")
+    from paravt.viz import load_episodes
+    eps, skipped = load_episodes([out / "trajectories.jsonl"])
+    assert len(eps) == len(trajs) and not skipped
 
 
 def test_world_size_must_divide_the_batch():
