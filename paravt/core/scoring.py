@@ -26,6 +26,15 @@ _PUNCT = set(string.punctuation)
 # Answer extraction
 # ---------------------------------------------------------------------------------------
 
+def _last_plain_line(text: str) -> str:
+    """The last non-empty line that does not start with ``<|im_`` or ``<tool_`` (both rule sets' fallback)."""
+    for line in reversed(text.splitlines()):
+        s = line.strip()
+        if s and not s.startswith("<|im_") and not s.startswith("<tool_"):
+            return s
+    return ""
+
+
 def extract_answer(text: str) -> str:
     """The answer of a completion, in REFERENCE §2 order.
 
@@ -42,11 +51,7 @@ def extract_answer(text: str) -> str:
         tail = _TOOL_BLOCK_RE.sub("", text.rsplit("</think>", 1)[1]).strip()
         if tail:
             return tail
-    for line in reversed(text.splitlines()):
-        s = line.strip()
-        if s and not s.startswith("<|im_") and not s.startswith("<tool_"):
-            return s
-    return ""
+    return _last_plain_line(text)
 
 
 def normalize_answer(s: str) -> str:
@@ -249,11 +254,7 @@ def release_extract_answer(text: str) -> str:
         tail = tail.replace("<|im_end|>", "").replace("<|im_start|>", "").strip()
         if tail:
             return tail
-    for line in reversed(text.splitlines()):
-        s = line.strip()
-        if s and not s.startswith("<|im_") and not s.startswith("<tool_"):
-            return s
-    return ""
+    return _last_plain_line(text)
 
 
 def release_normalize(text: str) -> str:
