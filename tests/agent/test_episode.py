@@ -119,6 +119,11 @@ def test_fifty_calls_are_capped(tiny, sample):
     traj = run(run_episode(sample, eng, proc, EpisodeConfig(max_parallel=5, max_new_tokens=8192), k=4))
     assert len(traj.turns[0].calls) == 5 and traj.turns[0].dropped_calls == 45
     assert sum(c["sub"] for c in eng.calls) == 5
+    # RL as released: no cap (max_parallel=None), every call of the turn runs
+    many = "\n".join(call(i, i + 1) for i in range(12))
+    eng = ScriptedEngine(proc.tokenizer, lambda t, p: [many, "<answer>A</answer>"][t])
+    traj = run(run_episode(sample, eng, proc, EpisodeConfig(max_parallel=None, max_new_tokens=8192), k=4))
+    assert len(traj.turns[0].calls) == 12 and traj.turns[0].dropped_calls == 0
 
 
 def test_subagent_timeout_and_engine_errors(tiny, sample):
