@@ -86,16 +86,21 @@ def _field_comments(cls: type) -> dict[str, str]:
     return out
 
 
+def _nested_class(f: dataclasses.Field) -> type | None:
+    """The dataclass a field holds (from its default, else its annotation), or None for a leaf."""
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if dataclasses.is_dataclass(default):
+        return type(default)
+    return f.type if isinstance(f.type, type) and dataclasses.is_dataclass(f.type) else None
+
+
 def all_keys(schema: type) -> list[str]:
     """Every dotted key of a config schema (nested dataclasses walked)."""
     keys: list[str] = []
 
     def walk(cls, prefix=""):
         for f in dataclasses.fields(cls):
-            t = f.type if isinstance(f.type, type) else None
-            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
-            sub = t if (t is not None and dataclasses.is_dataclass(t)) else (
-                type(default) if dataclasses.is_dataclass(default) else None)
+            sub = _nested_class(f)
             if sub is not None:
                 walk(sub, prefix + f.name + ".")
             else:
@@ -125,12 +130,7 @@ def config_help(schema: type, prog: str, recipe: str | Path | None = None) -> st
         helps = _field_comments(cls)
         for f in dataclasses.fields(cls):
             val = node.get(f.name) if node is not None else None
-            child_cls = None
-            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
-            if dataclasses.is_dataclass(default):
-                child_cls = type(default)
-            elif isinstance(f.type, type) and dataclasses.is_dataclass(f.type):
-                child_cls = f.type
+            child_cls = _nested_class(f)
             if child_cls is not None and OmegaConf.is_dict(val):
                 walk(child_cls, val, prefix + f.name + ".")
                 continue
