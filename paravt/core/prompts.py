@@ -161,11 +161,6 @@ def subagent_prompt(start: float, end: float, prompt_dir: str | Path | None = No
     return tmpl.format(start=start, end=end, start_clock=clock(start), end_clock=clock(end), duration=end - start)
 
 
-def tool_response_text(body: str) -> str:
-    """One tool response block as the main agent sees it."""
-    return f"<tool_response>\n{body.strip()}\n</tool_response>"
-
-
 def tool_error_text(message: str) -> str:
     return f"[Error: crop_video failed: {message}]"
 

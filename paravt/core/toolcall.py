@@ -62,10 +62,6 @@ class ParseResult:
     errors: list[str] = field(default_factory=list)
 
     @property
-    def n_blocks(self) -> int:
-        return len(self.calls) + len(self.errors)
-
-    @property
     def has_call(self) -> bool:
         return bool(self.calls)
 

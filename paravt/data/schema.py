@@ -137,14 +137,6 @@ class RLRow:
             raise RowError(f"{where}: row has no video")
         return cls(prompt=prompt, videos=videos, extra_info=extra, where=where)
 
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "prompt": self.prompt,
-            "videos": self.videos,
-            "extra_info": json.dumps(self.extra_info, ensure_ascii=False, sort_keys=True),
-        }
-
-
 @dataclass
 class SFTRow:
     messages: list[dict[str, Any]]

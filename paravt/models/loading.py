@@ -67,9 +67,3 @@ def load_processor(path: str | Path, min_pixels: int | None = None, max_pixels: 
             size["longest_edge"] = max_pixels
         ip.size = size
     return proc
-
-
-def vision_factor(processor) -> int:
-    """patch_size × merge_size of the processor's image processor (32 for Qwen3-VL)."""
-    ip = processor.image_processor
-    return int(ip.patch_size) * int(ip.merge_size)

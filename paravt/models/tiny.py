@@ -213,64 +213,7 @@ def build_config(shape: TinyShape, tokenizer):
     return cfg
 
 
-@dataclass
-class CopyWarmup:
-    """Language pretraining of the tiny base, reduced to what the agent needs: copying.
-
-    Qwen3-VL-8B arrives with induction heads (it continues a repeated sequence); a random-init
-    model does not, and the cold-start data does not grow them in a CPU budget (measured: after
-    perception + SFT, swapping the question's shape did not move the logits of the restated shape
-    at all). On ``prefix + x + x`` over random ordinary tokens (loss on the second ``x`` only,
-    random lengths, so no positional shortcut) the loss stays at ~6.4 for 1200-1600 steps, then
-    drops (phase change) to ~0.6 at 3000 steps (lr 2e-3, ~2.5 min on 2 cores). Measured through a
-    whole quickstart (docs/RESULTS.md "Why the tiny main agent cannot copy yet"): the SFT model then copies
-    the question's shape, but sees worse and loops under greedy decoding, so it is off by default.
-    ``steps=0`` keeps the random init.
-    """
-
-    steps: int = 0  # off: 3000 steps copy, but cost perception and cause loops (README)
-    lr: float = 2e-3
-    batch: int = 16
-    min_len: int = 8
-    max_len: int = 32
-    max_prefix: int = 32
-
-    def __post_init__(self):
-        if self.steps < 0 or self.lr <= 0 or self.batch < 1 or not (1 <= self.min_len <= self.max_len):
-            raise ValueError(f"bad CopyWarmup {self}")
-
-
-def copy_warmup(model, tokenizer, cfg: CopyWarmup, seed: int) -> dict:
-    """Train ``model`` in place on repeated random-token sequences; returns the loss curve ends."""
-    if cfg.steps == 0:
-        return {"steps": 0}
-    special = set(tokenizer.all_special_ids) | set(tokenizer.convert_tokens_to_ids(TAG_TOKENS))
-    vocab = torch.tensor([i for i in range(len(tokenizer)) if i not in special])
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    model.train()
-    losses = []
-    for _ in range(cfg.steps):
-        n = int(torch.randint(cfg.min_len, cfg.max_len + 1, (1,), generator=g))
-        p = int(torch.randint(0, cfg.max_prefix + 1, (1,), generator=g))
-        x = vocab[torch.randint(len(vocab), (cfg.batch, n), generator=g)]
-        pre = vocab[torch.randint(len(vocab), (cfg.batch, p), generator=g)]
-        ids = torch.cat([pre, x, x], 1)
-        logits = model(input_ids=ids).logits[:, p + n - 1:-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, p + n:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-    model.eval()
-    k = max(1, len(losses) // 10)
-    curve = [round(sum(losses[i:i + k]) / len(losses[i:i + k]), 3) for i in range(0, len(losses), k)]
-    return {"steps": cfg.steps, "loss_first": curve[0], "loss_last": curve[-1], "loss_curve_tenths": curve}
-
-
-def build_tiny(out: str | Path, seed: int = 0, shape: TinyShape | None = None,
-               warmup: CopyWarmup | None = None) -> dict:
+def build_tiny(out: str | Path, seed: int = 0, shape: TinyShape | None = None) -> dict:
     """Build tokenizer, processor and model and save them to ``out``; returns build stats."""
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration  # noqa: PLC0415
 
@@ -284,16 +227,13 @@ def build_tiny(out: str | Path, seed: int = 0, shape: TinyShape | None = None,
     config = build_config(shape, tokenizer)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).eval()
-    t_w = time.time()
-    warm = copy_warmup(model, tokenizer, warmup or CopyWarmup(), seed)
-    warm["seconds"] = round(time.time() - t_w, 1)
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=False, max_new_tokens=256)
     model.save_pretrained(out)
     processor.save_pretrained(out)
     stats = {"parameters": sum(p.numel() for p in model.parameters()), "tokenizer_size": len(tokenizer),
              "tokenizer_seconds": round(t_tok, 2), "build_seconds": round(time.time() - t0, 2),
-             "seed": seed, "shape": asdict(shape), "copy_warmup": warm}
+             "seed": seed, "shape": asdict(shape)}
     (out / "paravt_tiny.json").write_text(json.dumps(stats, indent=2, sort_keys=True))
     return stats
 
@@ -304,11 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden-size", type=int, default=TinyShape.hidden_size)
     p.add_argument("--layers", type=int, default=TinyShape.num_hidden_layers)
-    p.add_argument("--copy-warmup-steps", type=int, default=CopyWarmup.steps,
-                   help="steps of copy pretraining on repeated random tokens (0: random init)")
     a = p.parse_args(argv)
     shape = TinyShape(hidden_size=a.hidden_size, num_hidden_layers=a.layers)
-    stats = build_tiny(a.out, a.seed, shape, CopyWarmup(steps=a.copy_warmup_steps))
+    stats = build_tiny(a.out, a.seed, shape)
     print(json.dumps({k: v for k, v in stats.items() if k != "shape"}, indent=2))
     return 0
 

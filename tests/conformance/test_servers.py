@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from paravt.agent.conversation import encode_prompt
 from paravt.core.prompts import THINK_PREFIX, build_messages

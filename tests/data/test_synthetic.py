@@ -1,6 +1,5 @@
 import hashlib
 import json
-import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -75,7 +74,6 @@ def test_expert_sft_rows_are_well_formed_and_correct(world):
 
 def test_expert_answers_score_well(world):
     """The expert's final answer, scored by the shared scorer, is right (tvg: high IoU)."""
-    import pyarrow.parquet as pq
     sft = pq.read_table(world / "local" / "paravt_sft_synth.parquet").to_pylist()
     rl = {json.loads(r["extra_info"])["id"]: json.loads(r["extra_info"]) for r in
           pq.read_table(world / "local" / "paravt_rl_synth.parquet").to_pylist()}
@@ -135,49 +133,3 @@ def test_perception_rows_are_short_windows_described_correctly(world):
         if not visible:
             assert "no coloured shape is visible" in text
     assert 0.5 <= n_event / len(rows) <= 0.8
-
-
-def test_text_only_main_rows_take_the_tool_path(tmp_path):
-    """WorldConfig.text_only_main_rows: each tool-path expert trace again with no overview frames."""
-    build_world(tmp_path, WorldConfig(seed=0, n_train_videos=4, n_eval_videos=1, text_only_main_rows=True), progress=False)
-    rows, _ = load_sft_rows([tmp_path / "parquet" / "paravt_sft_synth.parquet"], check_media=False)
-    text_only = [r for r in rows if r.messages[0]["role"] == "system"
-                 and not any(i.get("type") == "video_url" for i in r.messages[1]["content"])]
-    stats = json.loads((tmp_path / "world_stats.json").read_text())
-    assert len(text_only) == stats["sft_text_only_main_rows"] > 0
-    assert all(parse_tool_calls(r.messages[2]["content"][0]["text"]).calls for r in text_only)
-    assert all(r.messages[2]["content"][0]["text"].startswith("<think>\nThe question asks") for r in text_only)
-
-
-def test_extra_subagent_windows_flag_adds_that_many_window_rows(tmp_path):
-    """--extra-subagent-windows N: N random-window sub-agent rows per train video (default 0)."""
-    from paravt.data.synthetic import main
-
-    def window_rows(out, *flags):
-        assert main(["--out", str(out), "--n-train-videos", "3", "--n-eval-videos", "1", *flags]) == 0
-        rows = pq.read_table(out / "parquet" / "paravt_sft_synth.parquet").to_pylist()
-        return [r for r in rows if "_win" in r["id"]], len(rows)
-
-    none, n0 = window_rows(tmp_path / "w0")
-    two, n2 = window_rows(tmp_path / "w2", "--extra-subagent-windows", "2")
-    assert none == [] and len(two) == 6 and n2 == n0 + 6
-    assert all(json.loads(r["messages"])[0]["role"] == "user" for r in two)  # sub-agent rows: no system prompt
-
-
-def test_text_skill_rows_copy_and_lookup_are_correct():
-    """Copy rows repeat their string; lookup answers restate the task and copy the matching report."""
-    from paravt.data.synthetic import text_skill_rows
-
-    rows = text_skill_rows(WorldConfig(seed=0), 40)
-    assert len(rows) >= 30
-    for r in rows:
-        user, ans = (m["content"][0]["text"] for m in json.loads(r["messages"]))
-        if user.startswith("Repeat exactly: "):
-            assert ans == user[len("Repeat exactly: "):]
-        else:
-            q_shape = re.search(r"(?:What colour is|When does) the (?:\w+ )?(circle|square|triangle)", user).group(1)
-            assert re.search(rf"the (\w+ )?{q_shape}", ans.split(".")[0])
-            span = ans.split(" is visible from ")[1].split(" seconds")[0]
-            a, b = span.split(" to ")
-            assert a in user and b in user  # times are copied from a report
-    assert text_skill_rows(WorldConfig(seed=0), 40) == rows

@@ -74,17 +74,3 @@ def test_forward_and_generate_with_frames(tiny, world):
     assert logits.shape[:2] == inp["input_ids"].shape and torch.isfinite(logits).all()
     g = model.generate(**inp, max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True)
     assert g.sequences.shape[1] <= inp["input_ids"].shape[1] + 8 and len(g.logits) >= 1
-
-
-def test_copy_warmup_trains_deterministically(tmp_path):
-    from paravt.models.tiny import CopyWarmup
-
-    a = build_tiny(tmp_path / "a", seed=3, warmup=CopyWarmup(steps=4, batch=2))
-    build_tiny(tmp_path / "b", seed=3, warmup=CopyWarmup(steps=4, batch=2))
-    assert a["copy_warmup"]["steps"] == 4 and len(a["copy_warmup"]["loss_curve_tenths"]) == 4
-    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
-    c = build_tiny(tmp_path / "c", seed=3)  # default: no warm-up, the random init
-    assert c["copy_warmup"] == {"steps": 0, "seconds": c["copy_warmup"]["seconds"]}
-    assert (tmp_path / "a" / "model.safetensors").read_bytes() != (tmp_path / "c" / "model.safetensors").read_bytes()
-    with pytest.raises(ValueError):
-        CopyWarmup(steps=-1)

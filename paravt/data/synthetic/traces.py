@@ -1,0 +1,222 @@
+"""Expert traces: what a perfect main agent and sub-agent write about a video, and the SFT/RL rows.
+
+The main agent thinks, then either answers (the event is in the overview) or dispatches several
+parallel ``crop_video`` calls in ONE turn covering the video, reads the sub-agents' summaries
+and answers; temporal questions take a second, finer round (the paper's §3.1 trajectory)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from paravt.core.prompts import THINK_PREFIX, subagent_prompt
+from paravt.core.seeding import py_rng
+from paravt.core.toolcall import format_tool_call
+from paravt.core.video import crop_timestamps, overview_timestamps
+from paravt.data.synthetic.world import QUESTION_TYPES, VideoSpec, WorldConfig, make_question, make_spec, restate
+
+
+def _answer_sentence(q: dict[str, Any]) -> str:
+    if q["question_type"] == "mcq":
+        return f"It is {q['colour']}, option {q['answer']}."
+    return f"It is {q['colour']}."
+
+
+def describe_window(spec: VideoSpec, timestamps: list[float]) -> str:
+    """The expert sub-agent summary of the frames at ``timestamps``."""
+    if not timestamps:
+        return "No frames."
+    lines = []
+    for ev in sorted(spec.events, key=lambda e: e.start):
+        seen = [t for t in timestamps if ev.visible_at(t)]
+        if seen:
+            if len(seen) == 1:
+                lines.append(f"A {ev.colour} {ev.shape} is visible at {seen[0]:.1f} seconds.")
+            else:
+                lines.append(f"A {ev.colour} {ev.shape} is visible from {seen[0]:.1f} to {seen[-1]:.1f} seconds.")
+    if not lines:
+        return f"From {timestamps[0]:.1f} to {timestamps[-1]:.1f} seconds no coloured shape is visible."
+    return " ".join(lines)
+
+
+def _answer_text(q: dict[str, Any], span: tuple[float, float] | None = None) -> str:
+    if q["question_type"] == "tvg":
+        s, e = span
+        return f"[{s:.1f}, {e:.1f}]"
+    return q["answer"]
+
+
+def _windows(duration: float, length: float) -> list[tuple[float, float]]:
+    n = max(1, math.ceil(duration / length))
+    step = duration / n
+    return [(round(i * step, 1), round(min(duration, (i + 1) * step), 1)) for i in range(n)]
+
+
+def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig) -> dict[str, Any]:
+    """Assistant turns and tool responses of the expert for question ``q`` at overview budget k.
+
+    Returns {"turns": [assistant text, [tool texts], assistant text, ...], "crops": [(s, e), ...]}."""
+    ev = next(e for e in spec.events if e.shape == q["shape"])
+    ov = overview_timestamps(spec.num_frames, spec.fps, k)
+    seen = [t for t in ov if ev.visible_at(t)]
+    spacing = spec.duration / max(1, len(ov))
+    turns: list[Any] = []
+    crops: list[tuple[float, float]] = []
+    desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
+
+    def lead(text: str) -> str:  # the first turn opens with the restated task
+        return f"{restate(q)} {text}" if not turns else text
+
+    def crop_call(s: float, e: float) -> str:
+        crops.append((s, e))
+        return format_tool_call("crop_video", {"video_path": spec.name, "start_time": s, "end_time": e})
+
+    def crop_response(s: float, e: float) -> tuple[str, list[float]]:
+        ts = crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, cfg.crop_max_frames)
+        return describe_window(spec, ts), [t for t in ts if ev.visible_at(t)]
+
+    def fine_round(centre_lo: float, centre_hi: float, why: str) -> None:
+        half = cfg.fine_window_s / 2
+        mid = (centre_lo + centre_hi) / 2
+        s = round(max(0.0, mid - half), 1)
+        e = round(min(float(spec.duration), s + cfg.fine_window_s), 1)
+        turns.append(f"{THINK_PREFIX}{lead(why)} I will look closely at {s:.1f} to {e:.1f} seconds.\n</think>\n" + crop_call(s, e))
+        text, hits = crop_response(s, e)
+        turns.append([text])
+        a, b = (hits[0], hits[-1]) if hits else (s, e)
+        span = (max(0.0, a - 0.5), min(float(spec.duration), b + 0.5))
+        turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible from {a:.1f} to {b:.1f} seconds.\n</think>\n"
+                     f"<answer>{_answer_text(q, span)}</answer>")
+
+    if seen:
+        where = f"at {seen[0]:.1f} seconds" if len(seen) == 1 else f"from {seen[0]:.1f} to {seen[-1]:.1f} seconds"
+        if q["question_type"] != "tvg":
+            turns.append(f"{THINK_PREFIX}{lead(f'In the overview {desc} is visible {where}.')} {_answer_sentence(q)}\n</think>\n"
+                         f"<answer>{_answer_text(q)}</answer>")
+        elif spacing <= 2.0:
+            span = (max(0.0, seen[0] - spacing / 2), min(float(spec.duration), seen[-1] + spacing / 2))
+            turns.append(f"{THINK_PREFIX}{lead(f'In the overview {desc} is visible {where}.')}\n</think>\n"
+                         f"<answer>{_answer_text(q, span)}</answer>")
+        else:
+            fine_round(seen[0], seen[-1], f"In the overview {desc} is visible {where}, but the frames are sparse.")
+        return {"turns": turns, "crops": crops}
+
+    windows = _windows(spec.duration, cfg.coarse_window_s)
+    calls = "\n".join(crop_call(s, e) for s, e in windows)
+    turns.append(f"{THINK_PREFIX}{lead(desc.capitalize() + ' is not visible in the overview frames.')} "
+                 f"I will check {len(windows)} windows of the video in parallel.\n</think>\n{calls}")
+    responses, hits = [], []
+    for s, e in windows:
+        text, h = crop_response(s, e)
+        responses.append(text)
+        hits += h
+    turns.append(responses)
+    if not hits:  # cannot happen with the default knobs; keep the trace well-formed anyway
+        turns.append(f"{THINK_PREFIX}{desc.capitalize()} was not found.\n</think>\n<answer>unknown</answer>")
+    elif q["question_type"] != "tvg":
+        turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible from {hits[0]:.1f} to {hits[-1]:.1f} seconds. "
+                     f"{_answer_sentence(q)}\n</think>\n<answer>{_answer_text(q)}</answer>")
+    else:
+        fine_round(hits[0], hits[-1], f"{desc.capitalize()} is visible near {hits[0]:.1f} seconds.")
+    return {"turns": turns, "crops": crops}
+
+
+# ---------------------------------------------------------------------------------------
+# Rows in the released schemas
+# ---------------------------------------------------------------------------------------
+
+def _video_header(spec: VideoSpec) -> str:
+    return f"Video: {spec.name}\nDuration: {float(spec.duration):.1f} seconds\n"
+
+
+def rl_record(spec: VideoSpec, q: dict[str, Any], qid: str) -> dict[str, Any]:
+    extra = {"id": qid, "video_id": spec.id, "answer": q["answer"], "question_type": q["question_type"], "duration": float(spec.duration),
+             "video_name": spec.name, "span": q["span"], "shape": q["shape"], "colour": q["colour"]}
+    return {
+        "prompt": [{"role": "user", "content": f"<video>\n{q['question']}"}],
+        "videos": [{"video": spec.rel_path}],
+        "extra_info": json.dumps(extra, sort_keys=True),
+    }
+
+
+def sft_main_messages(spec: VideoSpec, q: dict[str, Any], k: int, traj: dict[str, Any], system: str) -> list[dict[str, Any]]:
+    """The main agent's conversation; ``k == 0``: text only (no overview frames)."""
+    video = [{"type": "video_url", "video_url": {"url": spec.rel_path}, "nframes": k}] if k else []
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": [{"type": "text", "text": system}]},
+        {"role": "user", "content": [{"type": "text", "text": _video_header(spec)}, *video,
+                                     {"type": "text", "text": "\n" + q["question"]}]},
+    ]
+    for turn in traj["turns"]:
+        if isinstance(turn, list):
+            msgs.extend({"role": "tool", "content": [{"type": "text", "text": t}]} for t in turn)
+        else:
+            msgs.append({"role": "assistant", "content": [{"type": "text", "text": turn}]})
+    return msgs
+
+
+def sft_subagent_messages(spec: VideoSpec, s: float, e: float, cfg: WorldConfig) -> list[dict[str, Any]]:
+    ts = crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, cfg.crop_max_frames)
+    return [
+        {"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": spec.rel_path}, "video_start": s, "video_end": e,
+             "fps": 1.0, "max_frames": cfg.crop_max_frames},
+            {"type": "text", "text": "\n" + subagent_prompt(s, e)},
+        ]},
+        {"role": "assistant", "content": [{"type": "text", "text": describe_window(spec, ts)}]},
+    ]
+
+
+def short_window_rows(spec: VideoSpec, cfg: WorldConfig, tag: str, n: int) -> list[dict[str, Any]]:
+    """Sub-agent rows on 1-4 s windows (1-4 frames at 1 fps), two thirds of them on an event.
+
+    The same task as every other sub-agent row, with a dense perception signal: a random-init
+    tiny model first learns here to see colours and shapes and to copy frame times, which the
+    real base model (Qwen3-VL-8B) brings from its pretraining."""
+    r = py_rng(cfg.seed, f"{tag}-windows", spec.id)
+    rows = []
+    for j in range(n):
+        length = float(r.randint(1, 4))
+        if j % 3 != 2:
+            ev = r.choice(spec.events)
+            centre = r.uniform(ev.start, ev.end)
+        else:
+            centre = r.uniform(0, spec.duration)
+        rows.append(window_row(spec, cfg, f"{spec.id}_{tag}{j}", centre, length))
+    return rows
+
+
+def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | None:
+    """A text-only reading task: the reports a perfect sub-agent writes for the coarse windows of a
+    random, unrendered video (``make_spec(cfg, split, j)``) plus a question about one event. The
+    answer restates the task and copies the matching report's times and colour, in the words of
+    the expert traces. None when the coarse frames miss the event."""
+    spec = make_spec(cfg, split, j)
+    ev = r.choice(spec.events)
+    q = make_question(spec, ev, r.choice(QUESTION_TYPES), r)
+    reports, hits = [], []
+    for s, e in _windows(spec.duration, cfg.coarse_window_s):
+        ts = crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, cfg.crop_max_frames)
+        reports.append(f"[{s:.1f}-{e:.1f} s] {describe_window(spec, ts)}")
+        hits += [t for t in ts if ev.visible_at(t)]
+    if not hits:
+        return None
+    desc = f"The {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"The {ev.shape}"
+    answer = f"{restate(q)} {desc} is visible from {hits[0]:.1f} to {hits[-1]:.1f} seconds."
+    if q["question_type"] != "tvg":
+        answer += f" {_answer_sentence(q)}"
+    return {"user": "Reports:\n" + "\n".join(reports) + f"\n{q['question']}", "answer": answer, "question": q,
+            "hits": [hits[0], hits[-1]]}
+
+
+def subagent_row(spec: VideoSpec, cfg: WorldConfig, row_id: str, s: float, e: float) -> dict[str, Any]:
+    return {"id": row_id, "kind": "subagent", "nframes": 0,
+            "messages": json.dumps(sft_subagent_messages(spec, s, e, cfg)), "videos": [{"video": spec.rel_path}]}
+
+
+def window_row(spec: VideoSpec, cfg: WorldConfig, row_id: str, centre: float, length: float) -> dict[str, Any]:
+    """A sub-agent row on a ``length``-second window around ``centre``, kept inside the video."""
+    s = round(max(0.0, min(spec.duration - length, centre - length / 2)), 1)
+    e = round(min(float(spec.duration), s + length), 1)
+    return subagent_row(spec, cfg, row_id, s, e)

@@ -1,0 +1,154 @@
+"""The synthetic world's script: video specs (scenes, events) and the questions asked about them.
+
+Everything is a pure function of ``WorldConfig.seed`` (stable-hash seeded draws)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paravt.core.seeding import py_rng
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (230, 30, 30),
+    "green": (30, 200, 50),
+    "blue": (40, 80, 250),
+    "yellow": (245, 225, 30),
+    "white": (250, 250, 250),
+    "magenta": (225, 40, 225),
+    "cyan": (30, 225, 225),
+    "orange": (250, 140, 10),
+}
+SHAPES = ("circle", "square", "triangle")
+BACKGROUNDS = [(12, 12, 12), (14, 14, 60), (60, 14, 14), (14, 50, 14), (45, 30, 10), (40, 10, 50)]
+OVERVIEW_KS = (4, 8, 16, 32, 64)
+QUESTION_TYPES = ("mcq", "oe", "tvg")
+
+
+@dataclass
+class WorldConfig:
+    seed: int = 0
+    n_train_videos: int = 120
+    n_eval_videos: int = 40
+    min_duration: int = 40
+    max_duration: int = 120
+    fps: int = 2
+    size: int = 64
+    min_events: int = 1
+    max_events: int = 3
+    min_event_s: float = 2.0
+    max_event_s: float = 4.0
+    coarse_window_s: float = 30.0  # expert's first-round crop length (16 frames → ≤1.9 s apart)
+    fine_window_s: float = 12.0  # expert's temporal-refinement crop length (1 fps)
+    crop_max_frames: int = 16
+    perception_windows: int = 24  # 1-4 s sub-agent windows per train video in paravt_perception_synth.parquet
+    system_mode: str = "agentic_general"
+
+    def __post_init__(self):
+        if not (0 < self.min_duration <= self.max_duration):
+            raise ValueError(f"min_duration/max_duration: {self.min_duration}/{self.max_duration}")
+        if not (1 <= self.min_events <= self.max_events <= len(SHAPES)):
+            raise ValueError(f"events per video must be within 1..{len(SHAPES)}")
+        if self.max_event_s * self.max_events * 3 > self.min_duration:
+            raise ValueError("videos too short for their events")
+
+
+@dataclass
+class Event:
+    shape: str
+    colour: str
+    start: float
+    end: float
+    x: int
+    y: int
+    size: int
+
+    def visible_at(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+
+@dataclass
+class VideoSpec:
+    id: str
+    rel_path: str  # sentinel-relative path, as in the released parquets
+    duration: int
+    fps: int
+    size: int
+    scenes: list[tuple[float, int]]  # (start time, background index)
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def num_frames(self) -> int:
+        return self.duration * self.fps
+
+    @property
+    def name(self) -> str:
+        return Path(self.rel_path).name
+
+
+# ---------------------------------------------------------------------------------------
+# Videos
+# ---------------------------------------------------------------------------------------
+
+def make_spec(cfg: WorldConfig, split: str, i: int) -> VideoSpec:
+    r = py_rng(cfg.seed, "video", split, i)
+    vid = f"{split}_{i:04d}"
+    # File names do not tell the split: the model copies the name into its calls, and a tiny model
+    # that only ever wrote "train_…" degenerates on "eval_…" (measured). Train videos are clip_0000…,
+    # eval videos continue the numbering.
+    offset = {"train": 0, "eval": cfg.n_train_videos}.get(split, cfg.n_train_videos + cfg.n_eval_videos)
+    name = f"clip_{offset + i:04d}.mp4"
+    rel = f"selfqa/{name}" if i % 2 == 0 else f"longvt_source/synthetic/{name}"
+    duration = r.randint(cfg.min_duration, cfg.max_duration)
+    scenes, t = [], 0.0
+    while t < duration:
+        scenes.append((t, r.randrange(len(BACKGROUNDS))))
+        t += r.randint(10, 30)
+    n_events = r.randint(cfg.min_events, cfg.max_events)
+    shapes = r.sample(SHAPES, n_events)
+    colours = r.sample(sorted(COLOURS), n_events)
+    # Non-overlapping slots: split the video into n_events equal parts, one event in each.
+    events = []
+    part = duration / n_events
+    for k in range(n_events):
+        length = r.choice(np.arange(cfg.min_event_s, cfg.max_event_s + 0.01, 0.5).tolist())
+        lo, hi = k * part + 1.0, (k + 1) * part - length - 1.0
+        start = round(r.uniform(lo, hi) * 2) / 2
+        sz = r.randint(22, 30)
+        events.append(Event(shapes[k], colours[k], start, start + length,
+                            r.randint(2, cfg.size - sz - 2), r.randint(2, cfg.size - sz - 2), sz))
+    return VideoSpec(vid, rel, duration, cfg.fps, cfg.size, scenes, events)
+
+
+def make_question(spec: VideoSpec, ev: Event, qtype: str, r) -> dict[str, Any]:
+    if qtype == "tvg":
+        text = f"When does the {ev.colour} {ev.shape} appear? Answer with [start, end] in seconds."
+        answer: Any = f"[{ev.start:.1f}, {ev.end:.1f}]"
+    elif qtype == "mcq":
+        others = r.sample([c for c in sorted(COLOURS) if c != ev.colour], 3)
+        options = others + [ev.colour]
+        r.shuffle(options)
+        letters = "ABCD"
+        text = f"What colour is the {ev.shape}?\n" + "\n".join(f"{l}. {o}" for l, o in zip(letters, options))
+        text += "\nAnswer with the option letter."
+        answer = letters[options.index(ev.colour)]
+    else:
+        text = f"What colour is the {ev.shape}? Answer with one word."
+        answer = ev.colour
+    return {"question": text, "answer": answer, "question_type": qtype, "shape": ev.shape, "colour": ev.colour,
+            "span": [ev.start, ev.end], "options": options if qtype == "mcq" else None}
+
+
+def restate(q: dict[str, Any]) -> str:
+    """The expert's first sentence: what the question asks and in which form to answer. Later
+    turns read the task from here, a few tokens back, instead of from the question past the
+    frames and tool responses (a tiny model learns that far sooner)."""
+    if q["question_type"] == "mcq":
+        opts = ", ".join(f"{l} {o}" for l, o in zip("ABCD", q["options"]))
+        return f"The question asks the colour of the {q['shape']} as an option letter: {opts}."
+    if q["question_type"] == "oe":
+        return f"The question asks the colour of the {q['shape']} in one word."
+    return f"The question asks when the {q['colour']} {q['shape']} appears, as [start, end] in seconds."

@@ -1,0 +1,107 @@
+"""``build_world``: the videos, parquets, world.json and world_stats.json of a synthetic world."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from paravt.core.prompts import system_prompt
+from paravt.core.seeding import py_rng
+from paravt.core.video import overview_timestamps
+from paravt.data.synthetic.render import write_video
+from paravt.data.synthetic.traces import (
+    expert_trajectory,
+    rl_record,
+    sft_main_messages,
+    short_window_rows,
+    subagent_row,
+)
+from paravt.data.synthetic.world import OVERVIEW_KS, QUESTION_TYPES, VideoSpec, WorldConfig, make_question, make_spec
+
+
+def _write_parquet(records: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".parquet.tmp")
+    pq.write_table(pa.Table.from_pylist(records), tmp)
+    os.replace(tmp, path)
+
+
+def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool = True) -> dict[str, Any]:
+    cfg = cfg or WorldConfig()
+    out = Path(out)
+    media, parquet_dir = out / "media", out / "parquet"
+    t0 = time.time()
+    system = system_prompt(cfg.system_mode)
+    specs = {"train": [make_spec(cfg, "train", i) for i in range(cfg.n_train_videos)],
+             "eval": [make_spec(cfg, "eval", i) for i in range(cfg.n_eval_videos)]}
+    all_specs = specs["train"] + specs["eval"]
+    try:
+        from tqdm import tqdm  # noqa: PLC0415
+
+        it = tqdm(all_specs, desc="synthetic videos", disable=not progress)
+    except ImportError:  # pragma: no cover
+        it = all_specs
+    for spec in it:
+        path = media / spec.rel_path
+        if not path.exists():
+            write_video(spec, path)
+
+    sft, rl, ev_rows = [], [], []
+    n_sub = 0
+    for split, rows in (("train", rl), ("eval", ev_rows)):
+        for spec in specs[split]:
+            r = py_rng(cfg.seed, "questions", spec.id)
+            for ei, ev in enumerate(spec.events):
+                for qtype in QUESTION_TYPES:
+                    q = make_question(spec, ev, qtype, r)
+                    qid = f"{spec.id}_e{ei}_{qtype}"
+                    rows.append(rl_record(spec, q, qid))
+                    if split != "train":
+                        continue
+                    k = r.choice(OVERVIEW_KS)
+                    traj = expert_trajectory(spec, q, k, cfg)
+                    sft.append({"id": qid, "kind": "main", "nframes": k,
+                                "messages": json.dumps(sft_main_messages(spec, q, k, traj, system)),
+                                "videos": [{"video": spec.rel_path}]})
+                    for s, e in traj["crops"]:
+                        sft.append(subagent_row(spec, cfg, f"{qid}_sub{n_sub}", s, e))
+                        n_sub += 1
+    perception = [row for spec in specs["train"] for row in short_window_rows(spec, cfg, "perception", cfg.perception_windows)]
+    _write_parquet(sft, parquet_dir / "paravt_sft_synth.parquet")
+    _write_parquet(perception, parquet_dir / "paravt_perception_synth.parquet")
+    _write_parquet(rl, parquet_dir / "paravt_rl_synth.parquet")
+    _write_parquet(ev_rows, parquet_dir / "paravt_eval_synth.parquet")
+
+    world = {"config": asdict(cfg), "videos": {s.id: asdict(s) for s in all_specs}}
+    (out / "world.json").write_text(json.dumps(world, indent=1, sort_keys=True))
+    stats = world_stats(specs, cfg)
+    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "sft_main_rows": len(sft) - n_sub,
+                  "sft_subagent_rows": n_sub,
+                  "rl_rows": len(rl), "eval_rows": len(ev_rows), "build_seconds": round(time.time() - t0, 2),
+                  "media_bytes": sum(p.stat().st_size for p in media.rglob("*.mp4"))})
+    (out / "world_stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True))
+    return stats
+
+
+def world_stats(specs: dict[str, list[VideoSpec]], cfg: WorldConfig) -> dict[str, Any]:
+    """How often the asked event is visible in a K-frame overview (the Tool Necessity Gap)."""
+    visible: dict[str, float] = {}
+    for k in OVERVIEW_KS:
+        hits = n = 0
+        for spec in specs["eval"]:
+            ov = overview_timestamps(spec.num_frames, spec.fps, k)
+            for ev in spec.events:
+                n += 1
+                hits += any(ev.visible_at(t) for t in ov)
+        visible[str(k)] = round(hits / max(n, 1), 4)
+    durations = [s.duration for s in specs["train"] + specs["eval"]]
+    return {"eval_event_visible_in_overview": visible, "videos": len(durations),
+            "mean_duration_s": round(float(np.mean(durations)), 1)}
