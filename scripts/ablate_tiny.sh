@@ -13,4 +13,4 @@ for RUN in vanilla paragrpo; do
   python -m paravt.rl.train "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
     "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" "$@"
 done
-python -m paravt.report "$OUT"
+python -m paravt.eval.report "$OUT"

@@ -20,6 +20,7 @@ from paravt.agent.episode import EpisodeConfig, EpisodeSample, run_episode
 from paravt.agent.tools import CropConfig
 from paravt.core.scoring import extract_answer
 from paravt.core.video import probe
+from paravt.engines.factory import build_engine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,14 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     from paravt.models.loading import load_processor  # noqa: PLC0415
 
     t0 = time.perf_counter()
-    if a.server:
-        from paravt.engines.sglang import SGLangEngine  # noqa: PLC0415
-        processor = load_processor(a.model)
-        engine = SGLangEngine(a.server, image_token_id=processor.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
-    else:
-        from paravt.engines.hf import HFEngine  # noqa: PLC0415
-        engine = HFEngine.from_pretrained(a.model)
-        processor = engine.processor
+    handle = build_engine("remote" if a.server else "hf", a.model, url=a.server)
+    engine = handle.engine
+    processor = engine.processor if not a.server else load_processor(a.model)
     t_load = time.perf_counter() - t0
     info = probe(a.video)
     cfg = EpisodeConfig(prompt_mode=a.prompt_mode, max_turns=a.max_turns, max_parallel=a.max_parallel,

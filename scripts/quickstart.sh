@@ -106,5 +106,5 @@ python -m paravt.viz "$OUT"/eval/paragrpo-tool-K*/image_url/synthetic.jsonl -o "
 
 step report "8/8 report"
 REUSED=1
-python -m paravt.report "$OUT"
+python -m paravt.eval.report "$OUT"
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -18,7 +18,8 @@ from typing import Any
 
 from paravt.agent.trajectory import SequenceRecord
 from paravt.engines.base import ChatEngine, GenerationOutput, InferenceEngine, SamplingParams
-from paravt.engines.images import ImageInputs
+from paravt.models.images import ImageInputs
+from paravt.models.tokenize import encode_text, images_of, think_token_ids, vision_token_ids
 
 _PLACEHOLDER = "\x00PARAVT\x00"
 
@@ -34,41 +35,16 @@ class TurnOutput:
     error: str | None = None
 
 
-def _images_of(messages: list[dict[str, Any]]) -> list[Any]:
-    out = []
-    for m in messages:
-        if isinstance(m.get("content"), list):
-            out.extend(i["image"] for i in m["content"] if i.get("type") == "image")
-    return out
-
-
-def encode_prompt(processor, messages: list[dict[str, Any]], prefix: str = "") -> tuple[list[int], ImageInputs | None]:
-    """Token ids (image placeholders expanded) of ``messages`` + generation prompt + prefix."""
-    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + prefix
-    return encode_text(processor, text, _images_of(messages))
-
-
-def encode_text(processor, text: str, images: list[Any] | None) -> tuple[list[int], ImageInputs | None]:
-    if images:
-        imgs = ImageInputs(images)
-        out = processor(text=[text], images=imgs.images, return_tensors="pt")
-        imgs._tensors = (out["pixel_values"], out["image_grid_thw"])
-        imgs._tensors_key = id(processor.image_processor)
-        return out["input_ids"][0].tolist(), imgs
-    return processor.tokenizer.encode(text, add_special_tokens=False), None
-
-
 class TokenConversation:
     def __init__(self, engine: InferenceEngine, processor, prompt_ids: list[int], images: ImageInputs | None,
                  messages: list[dict[str, Any]], prefix: str = ""):
         self.engine, self.processor = engine, processor
         self.tokenizer = processor.tokenizer
-        self.record = SequenceRecord(images=images)
+        self.record = SequenceRecord(images=images, think_ids=think_token_ids(processor.tokenizer))
         self.record.add(prompt_ids, "context")
         self.messages = list(messages)  # kept only to render deltas with the chat template
         self.prefix = prefix
         self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        from paravt.engines.hf import vision_token_ids  # noqa: PLC0415
         self.vision_ids = set(vision_token_ids(self.tokenizer))
 
     def __len__(self) -> int:
@@ -105,7 +81,7 @@ class TokenConversation:
         if not after.startswith(eos):
             raise ValueError("chat template does not end assistant turns with <|im_end|>")
         delta = after[len(eos):]
-        ids, imgs = encode_text(self.processor, delta, _images_of(new))
+        ids, imgs = encode_text(self.processor, delta, images_of(new))
         self.record.add(ids, "context")
         if imgs is not None:
             self.record.images = (self.record.images + imgs) if self.record.images is not None else imgs

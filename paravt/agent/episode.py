@@ -1,4 +1,4 @@
-"""One ParaVT episode, top to bottom (REFERENCE §1).
+"""One ParaVT episode, top to bottom (the paper §3.1; the release's hierarchical agent loop).
 
     sample ─► overview (K frames, cached per (sample id, K)) ─► prompt (+ "<think>\\n")
       └─► main-agent turn ─► parse ALL tool calls of the turn (the shared parser)
@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paravt.agent.conversation import ChatConversation, TokenConversation, encode_prompt
+from paravt.agent.conversation import ChatConversation, TokenConversation
+from paravt.models.tokenize import encode_prompt
 from paravt.agent.tools import CropConfig, Tool, ToolContext, ToolResult, build_tools, unknown_tool_result
 from paravt.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
 from paravt.core import prompts
@@ -35,7 +36,7 @@ from paravt.core.seeding import stable_hash
 from paravt.core.toolcall import parse_tool_calls
 from paravt.core.video import Frame, probe, sample_overview
 from paravt.engines.base import ChatEngine, SamplingParams
-from paravt.engines.images import ImageInputs
+from paravt.models.images import ImageInputs
 
 log = logging.getLogger(__name__)
 
@@ -206,12 +207,14 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
         max_new = max(1, min(max_new, cfg.max_context_tokens - len(conv)))
         params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new,
                                 seed=stable_hash(seed, sample.sample_id, "main", turn))
+        context_len = len(conv)  # the turn's position: every token before its generated text
         out = await conv.generate(params)
         if out.error:
             traj.end_reason, traj.error = "error", out.error
             break
         rec = TurnRecord(turn, prefix + out.text, len(out.token_ids), out.finish_reason,
-                         generate_seconds=out.seconds, weight_version=out.weight_version)
+                         generate_seconds=out.seconds, weight_version=out.weight_version,
+                         context_len=context_len, prefix=prefix)
         traj.turns.append(rec)
 
         # 3. Parse every tool call of the turn with the shared parser.

@@ -98,7 +98,7 @@ class CropConfig:
 
 
 def validate_window(args: dict[str, Any], duration: float) -> tuple[float, float, bool]:
-    """(start, end, clamped) of a crop call, or ValueError with the reason (REFERENCE §1):
+    """(start, end, clamped) of a crop call, or ValueError with the reason (the paper §3.1 and the release's crop_video tool):
     start/end required (aliases start/end), finite numbers, start < end, start < duration;
     a negative start is clamped to 0 and end to the duration."""
     start = args.get("start_time", args.get("start"))
@@ -163,7 +163,7 @@ class CropVideo(Tool):
 
     async def _subagent(self, frames, start: float, end: float, ctx: ToolContext) -> SubAgentTrajectory:
         """One weight-sharing sub-agent: crop frames + summary prompt → a factual summary."""
-        from paravt.agent.conversation import encode_prompt  # noqa: PLC0415
+        from paravt.models.tokenize import encode_prompt  # noqa: PLC0415
         from paravt.core.seeding import stable_hash  # noqa: PLC0415
 
         messages = [{"role": "user", "content": prompts.frames_content(frames)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from paravt.engines.images import ImageInputs
+from paravt.models.images import ImageInputs
 
 
 @dataclass
@@ -24,6 +24,7 @@ class SequenceRecord:
 
     segments: list[Segment] = field(default_factory=list)
     images: ImageInputs | None = None
+    think_ids: tuple[int, int] | None = None  # ids of <think> and </think> (for think_mask)
 
     def add(self, token_ids: list[int], role: str, logprobs: list[float] | None = None) -> None:
         if role not in ("policy", "context"):
@@ -60,6 +61,28 @@ class SequenceRecord:
     def __len__(self) -> int:
         return sum(len(s.token_ids) for s in self.segments)
 
+    def think_mask(self, think_open: int | None = None, think_close: int | None = None) -> list[int] | None:
+        """1 on policy tokens that lie inside a ``<think>…</think>`` block (the opening tag may be
+        a forced context prefix), 0 elsewhere; None without the tag ids (set by the episode)."""
+        think_open = think_open if think_open is not None else self.think_ids[0] if self.think_ids else None
+        think_close = think_close if think_close is not None else self.think_ids[1] if self.think_ids else None
+        if think_open is None or think_close is None:
+            return None
+        out, inside = [], False
+        for s in self.segments:
+            if s.role == "context":  # a new turn's context: an unclosed thought of the last turn ends here
+                inside = False
+            for t in s.token_ids:
+                if t == think_open:
+                    inside = True
+                    out.append(0)
+                elif t == think_close:
+                    out.append(int(s.role == "policy" and inside))  # the closing tag belongs to the thought
+                    inside = False
+                else:
+                    out.append(int(s.role == "policy" and inside))
+        return out
+
 
 @dataclass
 class ToolCallRecord:
@@ -85,6 +108,12 @@ class TurnRecord:
     generate_seconds: float = 0.0
     tools_seconds: float = 0.0
     weight_version: int = 0
+    context_len: int = 0  # main-sequence tokens before this turn's generated tokens (forced prefix included)
+    prefix: str = ""  # the forced prefix that opens the turn ("<think>\n" or "")
+
+    @property
+    def generated_text(self) -> str:
+        return self.text[len(self.prefix):]
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Messages are OpenAI-style dicts whose ``content`` is a string or a list of items
 ``{"type": "text", "text": ...}`` / ``{"type": "image", "image": PIL.Image}``. The
 overview of a video is sent as frames-as-images, each preceded by a ``<t seconds>`` text
-item (REFERENCE §1), never as a video tensor, so no video processor is needed.
+item (the paper §3.1), never as a video tensor, so no video processor is needed.
 
 System prompt templates live in ``configs/prompts/<mode>.txt`` (override the folder with
 ``prompt_dir``); adding a mode is adding a file.

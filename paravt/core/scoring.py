@@ -9,12 +9,18 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
 
 from paravt.core.toolcall import parse_time
 
 MCQ_LETTERS = "ABCDEFGHIJ"
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# The structural tags' regexes, used by the reward terms, the metrics and eval alike.
+_ANSWER_RE = ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)  # a closed answer block
+ANSWER_BODY_RE = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL)  # closed or left open
+THINK_BLOCK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)  # a closed thought
+OPEN_THINK_RE = re.compile(r"<think>(.*?)(?:<tool_|<answer>|<\|im_end\|>|$)", re.DOTALL)  # a thought, closed or not
+CALL_START_RE = re.compile(r"<tool_call>|<tool_code>|<video_zoom>")
 _TOOL_BLOCK_RE = re.compile(
     r"<(tool_call|tool_code|tool_response|video_zoom)>.*?(?:</\1>|\Z)", re.DOTALL
 )
@@ -36,7 +42,7 @@ def _last_plain_line(text: str) -> str:
 
 
 def extract_answer(text: str) -> str:
-    """The answer of a completion, in REFERENCE §2 order.
+    """The answer of a completion, in the order of the paper's reward (§3.3).
 
     1. the body of the last ``<answer>…</answer>``;
     2. else the text after the last ``</think>`` with tool blocks removed;
@@ -180,7 +186,7 @@ ACC_MODES = ("f1", "exact", "llm")
 
 
 def rule_accuracy(pred: str, gold, question_type: str, mode: str = "f1") -> float:
-    """Rule-based accuracy of an extracted answer (REFERENCE §2 R_acc without the judge).
+    """Rule-based accuracy of an extracted answer (the paper's R_acc without the judge).
 
     Exact match after normalisation scores 1 for every type; then ``mcq`` → letter match,
     ``tvg`` → temporal IoU of the first span, otherwise ``f1`` → token F1, ``exact`` → 0.
@@ -201,6 +207,48 @@ def rule_accuracy(pred: str, gold, question_type: str, mode: str = "f1") -> floa
     return token_f1(pred, gold_text)
 
 
+@dataclass
+class Score:
+    """One completion scored against its gold answer."""
+
+    pred: str  # the extracted answer
+    value: float  # correctness (mcq/oe, in [0, 1]) or temporal IoU (tvg)
+    span: tuple[float, float] | None = None  # tvg: the predicted span
+
+
+def score(completion: str, answer, question_type: str, mode: str = "f1",
+          judge: Callable[[str, str], float] | None = None) -> Score:
+    """THE scorer of a completion, shared by the RL reward (``rules: paravt``) and eval.
+
+    The answer is :func:`extract_answer`'s; an exact match after normalisation scores 1; then
+    ``mcq`` → letter match, ``tvg`` → temporal IoU of the first span in the answer (else in the
+    text after the last ``</think>``), ``oe`` → token F1 (``f1``), 0 (``exact``) or the
+    ``judge(pred, gold)`` verdict in {0, 0.5, 1} (``llm``; F1 when the judge fails or is absent)."""
+    if question_type not in QUESTION_TYPES:
+        raise ValueError(f"unknown question_type {question_type!r} (expected one of {QUESTION_TYPES})")
+    if mode not in ACC_MODES:
+        raise ValueError(f"unknown accuracy mode {mode!r} (expected one of {ACC_MODES})")
+    pred = extract_answer(completion)
+    gold_text = answer if isinstance(answer, str) else str(answer)
+    if question_type == "tvg":
+        span = extract_span(pred) or extract_span(completion.rsplit("</think>", 1)[-1])
+        if pred and exact_match(pred, gold_text):
+            return Score(pred, 1.0, span)
+        return Score(pred, temporal_iou(span, parse_gold_span(answer)), span)
+    if pred and exact_match(pred, gold_text):
+        return Score(pred, 1.0)
+    if question_type == "mcq":
+        return Score(pred, mcq_correct(pred, gold_text))
+    if mode == "llm" and judge is not None:
+        try:
+            v = float(judge(pred, gold_text))
+            if v in (0.0, 0.5, 1.0):
+                return Score(pred, v)
+        except Exception:  # noqa: BLE001 - a failing judge falls back to F1, never blocks
+            pass
+    return Score(pred, 0.0 if mode == "exact" else token_f1(pred, gold_text))
+
+
 # ---------------------------------------------------------------------------------------
 # Format compliance of one main-agent turn (RL metric and eval metric)
 # ---------------------------------------------------------------------------------------
@@ -218,6 +266,11 @@ def turn_well_formed(text: str) -> bool:
         return True
     m = _ANSWER_RE.search(after)
     return bool(m and m.group(1).strip()) and not parsed.errors
+
+
+def episode_well_formed(turn_texts: Sequence[str]) -> bool:
+    """``format/compliance`` of one episode: at least one turn, and every turn well-formed."""
+    return bool(turn_texts) and all(turn_well_formed(t) for t in turn_texts)
 
 
 # ---------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ Public API::
     result.calls   # list[ToolCall]: .name (str), .arguments (dict)
     result.errors  # list[str]: one message per block that could not be parsed
 
-Accepted forms (in order of precedence, see REFERENCE §1):
+Accepted forms (in order of precedence, as the release's parser accepts them):
 
 1. Hermes JSON blocks ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
    several per turn; an unclosed last block still counts; ``"parameters"`` is an alias of

@@ -252,5 +252,5 @@ def sample_crop(
     min_pixels: int = DEFAULT_MIN_PIXELS,
     max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> list[Frame]:
-    """The crop_video sampler: [start, end] at 1 fps, 1 to 16 frames (REFERENCE §1)."""
+    """The crop_video sampler: [start, end] at 1 fps, 1 to 16 frames (the release's crop_video)."""
     return sample_fps(path, fps, max_frames, min_frames, start, end, factor, min_pixels, max_pixels)

@@ -1,7 +1,7 @@
 """Turn the released parquets' sentinel-relative media paths into local ``file://`` URIs.
 
 The released parquets store media paths relative to the extraction root of the media
-archive, under four roots (REFERENCE §4)::
+archive, under four roots (the release's data README)::
 
     longvt_source/<src>/<rel>    museg/charades/<id>.mp4
     museg/et_instruct_164k/<id>.mp4    selfqa/<id>.mp4

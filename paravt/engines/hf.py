@@ -27,7 +27,8 @@ from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 
 from paravt.core.seeding import stable_hash
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
-from paravt.engines.images import ImageInputs
+from paravt.models.images import ImageInputs
+from paravt.models.tokenize import vision_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -101,16 +102,6 @@ class _RowStop(StoppingCriteria):
                 self.done_at[i] = n
                 done[i] = True
         return done
-
-
-def vision_token_ids(tokenizer) -> list[int]:
-    """Ids of the vision placeholder tokens; a policy that writes one breaks the next forward."""
-    ids = []
-    for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"):
-        i = tokenizer.convert_tokens_to_ids(t)
-        if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id:
-            ids.append(i)
-    return ids
 
 
 class HFEngine(InferenceEngine):

@@ -29,7 +29,7 @@ from PIL import Image
 
 from paravt.engines.base import SamplingParams
 from paravt.engines.hf import HFEngine
-from paravt.engines.images import ImageInputs
+from paravt.models.images import ImageInputs
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def expand_image_pads(ids: list[int], images: ImageInputs, processor, pad: int) 
 def build_app(engine: HFEngine, model_name: str = "paravt"):
     from aiohttp import web  # noqa: PLC0415
 
-    from paravt.agent.conversation import encode_text  # noqa: PLC0415
+    from paravt.models.tokenize import encode_text  # noqa: PLC0415
 
     tok = engine.tokenizer
     routes = web.RouteTableDef()

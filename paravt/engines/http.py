@@ -1,15 +1,83 @@
-"""One aiohttp session per client, shared by the HTTP engines (SGLang native, OpenAI chat)."""
+"""HTTP plumbing shared by every client and server launcher: one session per client, ONE retry
+policy (:func:`retry`), one health wait (:func:`wait_healthy`).
+
+Retry policy: a request is tried at most ``attempts`` times in total, with exponential backoff
+(1, 2, 4 … s, capped at 30 s). Only transient failures are retried: connection errors, timeouts,
+HTTP 5xx and 429 (:class:`TransientHTTPError`). Any other 4xx is a bad request and fails at
+once. Callers above the engine (the episode, the eval driver) do not retry again, so a request
+is never tried more than ``attempts`` times.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import time
+from typing import Any, Awaitable, Callable, TypeVar
+
+from paravt.engines.base import EngineError
+
+T = TypeVar("T")
+
+
+class TransientHTTPError(EngineError):
+    """HTTP 5xx / 429: worth another attempt."""
+
+
+async def retry(call: Callable[[], Awaitable[T]], attempts: int, transient: tuple[type[BaseException], ...],
+                before_attempt: Callable[[], None] | None = None, max_backoff_s: float = 30.0) -> T:
+    """``await call()`` up to ``attempts`` times (>= 1); exceptions in ``transient`` are retried
+    after 1, 2, 4 … s, anything else propagates at once; the last transient error is raised as
+    an :class:`EngineError` naming the attempt count. ``before_attempt`` may raise to stop early
+    (e.g. the server process died)."""
+    last: BaseException | None = None
+    for attempt in range(max(1, attempts)):
+        if before_attempt is not None:
+            before_attempt()
+        try:
+            return await call()
+        except transient as exc:
+            last = exc
+            if attempt + 1 < attempts:
+                await asyncio.sleep(min(2.0 ** attempt, max_backoff_s))
+    raise EngineError(f"failed after {max(1, attempts)} attempts: {last}")
+
+
+def http_transient_errors() -> tuple[type[BaseException], ...]:
+    import aiohttp  # noqa: PLC0415
+
+    return (aiohttp.ClientError, asyncio.TimeoutError, TransientHTTPError)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 300.0,
+                 log_tail: Callable[[], str] = lambda: "") -> None:
+    """Block until ``GET url`` answers 200 (backoff 1 s → 10 s); fail at once if ``proc`` exits."""
+    import requests  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout_s
+    delay = 0.5
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise EngineError(f"server for {url} exited with code {proc.returncode}:\n{log_tail()}")
+        try:
+            if requests.get(url, timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(delay)
+        delay = min(delay * 1.5, 10.0)
+    raise EngineError(f"server at {url} not healthy after {timeout_s:.0f} s:\n{log_tail()}")
+
 
 class HTTPSessionMixin:
-    """Lazily opened session, a health probe and close. Subclasses set ``request_timeout_s``,
+    """Lazily opened session, JSON POST with the retry policy, a health probe and close.
+    Subclasses set ``request_timeout_s``, ``max_retries`` (retries after the first attempt),
     ``health_url`` and optionally ``headers``."""
 
     _session = None
     headers: dict[str, str] = {}
     request_timeout_s: float = 600.0
+    max_retries: int = 3
 
     @property
     def health_url(self) -> str:  # pragma: no cover - overridden
@@ -22,6 +90,20 @@ class HTTPSessionMixin:
             self._session = aiohttp.ClientSession(headers=self.headers,
                                                   timeout=aiohttp.ClientTimeout(total=self.request_timeout_s))
         return self._session
+
+    async def post_json(self, url: str, payload: dict[str, Any],
+                        before_attempt: Callable[[], None] | None = None) -> Any:
+        """POST ``payload``; the parsed JSON reply. 4xx (not 429) raises EngineError at once."""
+
+        async def once() -> Any:
+            session = await self._http()
+            async with session.post(url, json=payload) as r:
+                if r.status >= 400:
+                    msg = f"{url}: HTTP {r.status}: {(await r.text())[:500]}"
+                    raise (TransientHTTPError if r.status >= 500 or r.status == 429 else EngineError)(msg)
+                return await r.json()
+
+        return await retry(once, self.max_retries + 1, http_transient_errors(), before_attempt)
 
     async def health(self) -> bool:
         try:

@@ -176,23 +176,12 @@ class OpenAIEngine(HTTPSessionMixin, ChatEngine):
             except (EngineError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 return GenerationOutput([], [], "error", error=f"could not read the served model name: {exc}")
         body = chat_payload(self.model, messages, params, prefix, self._cache)
-        last: Exception | None = None
         async with self._sem:
-            for attempt in range(self.max_retries + 1):
-                try:
-                    session = await self._http()
-                    async with session.post(self.base_url + "/chat/completions", json=body) as r:
-                        if r.status >= 400:
-                            msg = f"HTTP {r.status}: {(await r.text())[:400]}"
-                            if r.status < 500 and r.status != 429:
-                                return GenerationOutput([], [], "error", error=msg)
-                            raise EngineError(msg)
-                        out = parse_chat_response(await r.json(), prefix)
-                        out.latency_s = time.perf_counter() - t0
-                        return out
-                except (aiohttp.ClientError, asyncio.TimeoutError, EngineError) as exc:
-                    last = exc
-                    if attempt < self.max_retries:
-                        await asyncio.sleep(min(2.0 ** attempt, 30.0))
-        return GenerationOutput([], [], "error", error=f"chat completion failed after retries: {last}")
+            try:
+                resp = await self.post_json(self.base_url + "/chat/completions", body)
+            except EngineError as exc:
+                return GenerationOutput([], [], "error", error=f"chat completion: {exc}")
+        out = parse_chat_response(resp, prefix)
+        out.latency_s = time.perf_counter() - t0
+        return out
 

@@ -2,7 +2,7 @@
 
 * :class:`SGLangServer` launches ``python -m sglang.launch_server`` (from SGLang's own venv,
   ``.venv-sglang``), pinned to the GPUs it is given, and waits on ``/health`` with backoff,
-  never a fixed sleep. REFERENCE §6 settings are on by default: ``SGLANG_VLM_CACHE_SIZE_MB``
+  never a fixed sleep. The release's launch settings are on by default: ``SGLANG_VLM_CACHE_SIZE_MB``
   = 4096 (the 100 MB default is too small for 64-frame rollouts), the static memory fraction
   and the context length.
 * :class:`SGLangEngine` speaks the native ``/generate`` API with ``input_ids`` holding ONE
@@ -10,9 +10,7 @@
   itself; the trajectory keeps the locally expanded ids, which are the ids the trainer scores,
   and the server's ``meta_info.prompt_tokens`` must equal their length), ``image_data`` (PNG
   data URLs), ``sampling_params`` and ``return_logprob``; it reads the output ids and logprobs
-  from ``meta_info.output_token_logprobs``. Weight updates go through
-  ``/update_weights_from_disk`` (default) or, optionally, ``/init_weights_update_group`` +
-  ``/update_weights_from_distributed`` (an NCCL group with the trainer's rank 0).
+  from ``meta_info.output_token_logprobs``. Weight updates go through ``/update_weights_from_disk``.
 
 Seeds: SGLang honours ``sampling_seed`` only when launched with
 ``--enable-deterministic-inference`` (``SGLangServerConfig.deterministic``; slower kernels).
@@ -37,8 +35,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
-from paravt.engines.http import HTTPSessionMixin
-from paravt.engines.images import ImageInputs
+from paravt.engines.http import HTTPSessionMixin, wait_healthy
+from paravt.models.images import ImageInputs
 
 log = logging.getLogger(__name__)
 
@@ -129,21 +127,7 @@ class SGLangServer:
             return ""
 
     def wait_healthy(self) -> None:
-        import requests  # noqa: PLC0415
-
-        deadline = time.monotonic() + self.cfg.startup_timeout_s
-        delay = 1.0
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise EngineError(f"SGLang server exited with code {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if requests.get(self.cfg.url + "/health", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(delay)
-            delay = min(delay * 1.5, 10.0)
-        raise EngineError(f"SGLang server not healthy after {self.cfg.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+        wait_healthy(self.cfg.url + "/health", self.proc, self.cfg.startup_timeout_s, self.log_tail)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -263,21 +247,6 @@ def update_from_disk_payload(path: str, version: int) -> dict[str, Any]:
     return {"model_path": str(path), "weight_version": str(version), "flush_cache": True}
 
 
-def init_group_payload(master_address: str, master_port: int, world_size: int,
-                       group_name: str = "paravt_weight_sync", rank_offset: int = 1) -> dict[str, Any]:
-    """The server joins an NCCL group whose rank 0 is the trainer; its ranks start at rank_offset."""
-    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": rank_offset,
-            "world_size": int(world_size), "group_name": group_name, "backend": "nccl"}
-
-
-def update_distributed_payload(named_shapes: list[tuple[str, str, list[int]]], version: int,
-                               group_name: str = "paravt_weight_sync") -> dict[str, Any]:
-    """Announce tensors (name, dtype, shape) that the trainer then broadcasts in this order."""
-    return {"names": [n for n, _, _ in named_shapes], "dtypes": [d for _, d, _ in named_shapes],
-            "shapes": [list(s) for _, _, s in named_shapes], "group_name": group_name,
-            "flush_cache": True, "weight_version": str(version)}
-
-
 # ---------------------------------------------------------------------------------------
 # The engine
 # ---------------------------------------------------------------------------------------
@@ -299,28 +268,12 @@ class SGLangEngine(HTTPSessionMixin, InferenceEngine):
     def health_url(self) -> str:
         return self.url + "/health"
 
-    async def _post(self, path: str, payload: dict[str, Any]) -> Any:
-        import aiohttp  # noqa: PLC0415
+    def _check_alive(self) -> None:
+        if self.server is not None and self.server.proc is not None and self.server.proc.poll() is not None:
+            raise EngineError(f"SGLang server died (exit {self.server.proc.returncode}):\n{self.server.log_tail()}")
 
-        last: Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            if self.server is not None and self.server.proc is not None and self.server.proc.poll() is not None:
-                raise EngineError(f"SGLang server died (exit {self.server.proc.returncode}):\n{self.server.log_tail()}")
-            try:
-                session = await self._http()
-                async with session.post(self.url + path, json=payload) as r:
-                    if r.status >= 500:
-                        raise EngineError(f"{path}: HTTP {r.status}: {(await r.text())[:500]}")
-                    if r.status >= 400:  # a bad request will not get better: no retry
-                        raise EngineError(f"{path}: HTTP {r.status}: {(await r.text())[:500]}")
-                    return await r.json()
-            except (aiohttp.ClientError, asyncio.TimeoutError, EngineError) as exc:
-                if isinstance(exc, EngineError) and "HTTP 4" in str(exc):
-                    raise
-                last = exc
-                if attempt < self.max_retries:
-                    await asyncio.sleep(min(2.0 ** attempt, 30.0))
-        raise EngineError(f"{path} failed after {self.max_retries + 1} attempts: {last}")
+    async def _post(self, path: str, payload: dict[str, Any]) -> Any:
+        return await self.post_json(self.url + path, payload, before_attempt=self._check_alive)
 
     async def generate(self, input_ids, images, params: SamplingParams) -> GenerationOutput:
         t0 = time.perf_counter()
@@ -338,23 +291,9 @@ class SGLangEngine(HTTPSessionMixin, InferenceEngine):
     async def update_weights(self, source: Any, version: int | None = None) -> None:
         """Reload weights from a checkpoint directory written by the trainer."""
         if not isinstance(source, (str, Path)):
-            raise TypeError("SGLangEngine.update_weights takes a checkpoint directory; use "
-                            "update_weights_from_distributed for an NCCL broadcast")
+            raise TypeError("SGLangEngine.update_weights takes a checkpoint directory (the trainer exports one)")
         version = version if version is not None else self.weight_version + 1
         resp = await self._post("/update_weights_from_disk", update_from_disk_payload(str(source), version))
         if isinstance(resp, dict) and resp.get("success") is False:
             raise EngineError(f"update_weights_from_disk failed: {resp.get('message')}")
         self.weight_version = version
-
-    async def init_weight_group(self, master_address: str, master_port: int, world_size: int) -> None:
-        resp = await self._post("/init_weights_update_group", init_group_payload(master_address, master_port, world_size))
-        if isinstance(resp, dict) and resp.get("success") is False:
-            raise EngineError(f"init_weights_update_group failed: {resp.get('message')}")
-
-    async def update_weights_from_distributed(self, named_shapes, version: int) -> None:
-        """Tell the server to receive tensors; the trainer broadcasts them in the same order."""
-        resp = await self._post("/update_weights_from_distributed", update_distributed_payload(named_shapes, version))
-        if isinstance(resp, dict) and resp.get("success") is False:
-            raise EngineError(f"update_weights_from_distributed failed: {resp.get('message')}")
-        self.weight_version = version
-

@@ -32,8 +32,9 @@ from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, ru
 from paravt.agent.tools import CropConfig
 from paravt.core.config import parse_cli
 from paravt.core.prompts import AGENTIC_MODES
-from paravt.core.scoring import (extract_answer, extract_span, mcq_correct, recall_at, rule_accuracy, temporal_iou,
-                                 turn_well_formed)
+from paravt.core.scoring import episode_well_formed, recall_at
+from paravt.core.scoring import score as score_completion
+from paravt.engines.factory import build_engine
 from paravt.eval.splits import SPLITS, EvalSample, count_check, load_split, read_srt
 
 log = logging.getLogger("paravt.eval")
@@ -118,7 +119,7 @@ def bootstrap_stderr(values: list[float], seed: int = 0, n_boot: int = 1000) -> 
 
 
 @dataclass
-class ServerCfg:
+class ServerConfig:
     launch: str = "none"  # none | sglang
     urls: list[str] = field(default_factory=list)  # existing servers (round-robin)
     # The name sent in chat requests: None = the server's own (read from /v1/models). vLLM answers
@@ -170,9 +171,9 @@ class EvalConfig:
     limit: int | None = None  # first N samples of each split (null: all)
     save_trajectory: bool = False  # keep every turn in the JSONL (frames replaced by a note)
     trajectory_thumbnails: int = 0  # with save_trajectory: keep the overview frames as JPEG thumbnails of this size (px)
-    retries: int = 3  # attempts per sample (backoff)
+    retries: int = 3  # retries of one server request after its first attempt (backoff 1, 2, 4 s); episodes are not retried
     dtype: str = "float32"  # in-process engine dtype
-    server: ServerCfg = field(default_factory=ServerCfg)
+    server: ServerConfig = field(default_factory=ServerConfig)
     progress: bool = True  # tqdm progress bar
     # Resuming a split reuses its finished samples only when its run_config.json (model + weights
     # fingerprint, K, prompt/overview/crop modes, token limits, ...) matches this run.
@@ -224,17 +225,11 @@ def episode_config(cfg: EvalConfig, qtype: str) -> EpisodeConfig:
 
 
 def score(sample: EvalSample, completion: str) -> dict[str, Any]:
-    """Shared scorer; every record gets ``score`` (correct for mcq/oe, IoU for tvg)."""
-    pred = extract_answer(completion)
+    """The record fields of :func:`paravt.core.scoring.score` (``score``: correct for mcq/oe, IoU for tvg)."""
+    sc = score_completion(completion, sample.answer, sample.question_type, "f1")
     if sample.question_type == "tvg":
-        span = extract_span(pred) or extract_span(completion.rsplit("</think>", 1)[-1])
-        iou = temporal_iou(span, sample.answer)
-        return {"pred": pred, "pred_span": span, "iou": iou, "score": iou}
-    if sample.question_type == "mcq":
-        c = mcq_correct(pred, str(sample.answer))
-    else:
-        c = rule_accuracy(pred, sample.answer, sample.question_type, "f1")
-    return {"pred": pred, "correct": c, "score": c}
+        return {"pred": sc.pred, "pred_span": sc.span, "iou": sc.value, "score": sc.value}
+    return {"pred": sc.pred, "correct": sc.value, "score": sc.value}
 
 
 def summarize(records: list[dict[str, Any]], metric: str = "accuracy") -> dict[str, Any]:
@@ -285,41 +280,52 @@ class Evaluator:
         self.root.mkdir(parents=True, exist_ok=True)
         self.engine = None
         self.processor = None
-        self.servers: list = []
+        self.handles: list = []  # EngineHandle per engine (servers this run launched stop with them)
 
     # ------------------------------------------------------------------ engines
     def _start(self) -> None:
+        """Engines through :func:`paravt.engines.factory.build_engine`: in-process, or one chat
+        client per server URL / launched SGLang replica."""
         cfg = self.cfg
-        if cfg.backend == "hf":
-            if self.engine is None:
-                from paravt.engines.hf import HFEngine  # noqa: PLC0415
-                self.engine = HFEngine.from_pretrained(cfg.model, dtype=cfg.dtype)
-                self.processor = self.engine.processor
+        if self.handles:  # built for an earlier split (clients reopen their sessions on the new loop)
             return
-        from paravt.engines.openai import OpenAIEngine  # noqa: PLC0415
-        urls = list(cfg.server.urls)
+        if cfg.backend == "hf":
+            h = build_engine("hf", cfg.model, dtype=cfg.dtype)
+            self.handles, self.engine, self.processor = [h], h.engine, h.engine.processor
+            return
+        handles = [build_engine("openai", cfg.model, url=u, model_name=cfg.server.model_name,
+                                max_retries=cfg.retries) for u in cfg.server.urls]
         if cfg.server.launch == "sglang":
-            from paravt.engines.sglang import SGLangServer, SGLangServerConfig  # noqa: PLC0415
+            from paravt.engines.sglang import SGLangServerConfig  # noqa: PLC0415
             for i in range(cfg.server.replicas):
                 g = cfg.server.gpus_per_replica
-                scfg = SGLangServerConfig(model_path=cfg.model, python=cfg.server.python, port=cfg.server.base_port + i,
+                scfg = SGLangServerConfig(python=cfg.server.python, port=cfg.server.base_port + i,
                                           gpus=list(range(i * g, (i + 1) * g)), tp_size=g,
                                           deterministic=cfg.server.deterministic,
                                           served_model_name=cfg.server.model_name or cfg.row,
                                           log_file=str(self.root / f"sglang_{i}.log"))
-                self.servers.append(SGLangServer(scfg).start())
-                urls.append(scfg.url)
-        if not urls:
+                handles.append(build_engine("openai", cfg.model, server=scfg, model_name=cfg.server.model_name,
+                                            max_retries=cfg.retries))
+        if not handles:
             raise ValueError("backend=openai needs server.urls or server.launch=sglang")
-        self.engine = [OpenAIEngine(u, model=cfg.server.model_name, max_retries=cfg.retries) for u in urls]
+        self.handles = handles
+        self.engine = [h.engine for h in handles]
         if self.processor is None and cfg.model not in ("", "???") and Path(cfg.model).exists():
             from paravt.models.loading import load_processor  # noqa: PLC0415
             self.processor = load_processor(cfg.model)
 
     def _stop_servers(self) -> None:
-        for s in self.servers:
-            s.stop()
-        self.servers = []
+        for h in self.handles:
+            h.stop()
+        self.handles, self.engine = [], None
+
+    async def _split_then_close(self, split: str) -> dict[str, Any]:
+        """One split on this event loop; the clients' HTTP sessions close with it."""
+        try:
+            return await self._run_split(split)
+        finally:
+            for h in self.handles:
+                await h.aclose()
 
     def _engine_for(self, i: int):
         return self.engine[i % len(self.engine)] if isinstance(self.engine, list) else self.engine
@@ -349,22 +355,17 @@ class Evaluator:
         sample = EpisodeSample(s.id, question, s.video, s.duration, s.answer, s.question_type)
         ecfg = episode_config(cfg, s.question_type)
         t0 = time.perf_counter()
-        last_err = None
-        for attempt in range(cfg.retries):
-            try:
-                traj = await run_episode(sample, self._engine_for(i), self.processor, ecfg, cfg.nframes, seed=0, cache=cache)
-                if traj.end_reason == "error":
-                    raise RuntimeError(traj.error)
-                break
-            except Exception as exc:  # noqa: BLE001 - one bad sample must not stop the run
-                last_err = f"{type(exc).__name__}: {exc}"
-                await asyncio.sleep(min(2 ** attempt, 10))
-        else:
-            rec["error"] = last_err
+        try:  # the engine already retried each request (paravt.engines.http.retry): no second loop here
+            traj = await run_episode(sample, self._engine_for(i), self.processor, ecfg, cfg.nframes, seed=0, cache=cache)
+        except Exception as exc:  # noqa: BLE001 - one bad sample must not stop the run
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+            return rec
+        if traj.end_reason == "error":
+            rec["error"] = traj.error
             return rec
         rec.update(score(s, traj.completion_text))
         rec.update({"tool_calls": traj.stats["tool_calls"], "turns": len(traj.turns), "end_reason": traj.end_reason,
-                    "well_formed": bool(traj.turns) and all(turn_well_formed(t.text) for t in traj.turns)
+                    "well_formed": episode_well_formed([t.text for t in traj.turns])
                     if cfg.prompt_mode != "direct" else True, "seconds": round(time.perf_counter() - t0, 3)})
         if cfg.save_trajectory:
             rec["trajectory"] = traj.redacted(thumbnails=cfg.trajectory_thumbnails)
@@ -457,7 +458,7 @@ class Evaluator:
         for k, split in enumerate(self.cfg.splits):
             self._start()
             try:
-                results[split] = asyncio.run(self._run_split(split))
+                results[split] = asyncio.run(self._split_then_close(split))
             except ResumeMismatch:
                 raise
             except FileNotFoundError as exc:
@@ -466,11 +467,6 @@ class Evaluator:
             finally:
                 if self.cfg.server.restart_between_datasets and self.cfg.server.launch != "none":
                     self._stop_servers()
-                if isinstance(self.engine, list):
-                    self.engine = None
-                elif self.engine is not None:
-                    # the in-process engine is bound to the finished event loop: rebuild its queue
-                    self.engine._queue = self.engine._worker = None
         self._stop_servers()
         all_path = Path(self.cfg.out) / "summary_all.json"
         merged = json.loads(all_path.read_text()) if all_path.exists() else {}

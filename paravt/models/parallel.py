@@ -42,7 +42,7 @@ class DistInfo:
         return self.rank == 0
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -58,7 +58,7 @@ def init_distributed(timeout_s: int = 1800) -> DistInfo:
         if "MASTER_ADDR" in os.environ:
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         else:  # a plain `python -m ...` run: a group of one
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                                     timeout=timedelta(seconds=timeout_s))
     local = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
@@ -224,7 +224,7 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
     trainer = trainer_cls(parse_cli(schema, argv, prog))
     final = trainer.train()
     if trainer.d.is_main:
-        print(f"{label} done ({trainer.out.name}): {trainer.step} steps; model at {final}")
+        print(f"{label} done ({trainer.out.name}): {trainer.global_step} steps; model at {final}")
     if dist.is_initialized():
         world = dist.get_world_size()
         dist.destroy_process_group()

@@ -2,7 +2,7 @@
 
 ``Qwen3VLProcessor`` insists on a video processor, and Qwen's video processor needs
 torchvision, which does not install beside the CPU torch. ParaVT never sends video tensors
-(the overview and the crops are frames-as-images with timestamp text, REFERENCE §1), so an
+(the overview and the crops are frames-as-images with timestamp text, as in the paper §3.1), so an
 image-only processor is all the model needs. It is the same class for the tiny model and
 any other checkpoint we save; loading a stock Qwen3-VL checkpoint still gives the stock
 processor. Importing this module registers the class with ``AutoProcessor``.

@@ -1,5 +1,5 @@
-"""The typed RL recipe. Every knob of REFERENCE §2 has a field; the 8B recipes set the paper's
-values, the tiny ones the embedded default's."""
+"""The typed RL recipe. Every knob of the paper's RL setup (and of the release's recipe) has a
+field; the 8B recipes set the paper's values, the tiny ones the embedded default's."""
 
 from __future__ import annotations
 
@@ -14,24 +14,24 @@ from paravt.rl.rewards.terms import RewardKnobs
 
 
 @dataclass
-class Constrained:
+class ConstrainedConfig:
     think_prefix: bool = True  # append "<think>\n" to every generation prompt
     answer_suffix: bool = True  # format reward weighs the answer tags more
 
 
 @dataclass
-class Gating:
+class GatingConfig:
     nframes_gating: bool = True  # K ~ Uniform(choices) per prompt; off -> hierarchical_agent.nframes
     choices: list[int] = field(default_factory=lambda: list(DEFAULT_CHOICES))  # the K values drawn per prompt
 
 
 @dataclass
-class Anchoring:
+class AnchoringConfig:
     weight: float = 0.5  # lambda_anchor
 
 
 @dataclass
-class RewardCfg:
+class RewardConfig:
     mode: str = "f1"  # f1 | exact | llm
     format_weight: float = 1.0  # weight of R_fmt in R = R_acc + w R_fmt + R_tool
     credit_executed_tools: bool = False  # see paravt.rl.rewards.terms (R_tool decision)
@@ -45,11 +45,11 @@ class RewardCfg:
 
 
 @dataclass
-class ParaVTCfg:
-    constrained: Constrained = field(default_factory=Constrained)
-    gating: Gating = field(default_factory=Gating)
-    anchoring: Anchoring = field(default_factory=Anchoring)
-    reward: RewardCfg = field(default_factory=RewardCfg)
+class ParaVTConfig:
+    constrained: ConstrainedConfig = field(default_factory=ConstrainedConfig)
+    gating: GatingConfig = field(default_factory=GatingConfig)
+    anchoring: AnchoringConfig = field(default_factory=AnchoringConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
     def knobs(self) -> RewardKnobs:
         return RewardKnobs(answer_suffix=self.constrained.answer_suffix, anchor_weight=self.anchoring.weight,
@@ -58,7 +58,7 @@ class ParaVTCfg:
 
 
 @dataclass
-class AgentCfg:
+class AgentConfig:
     nframes: int = 64  # overview frames when gating is off
     # row: the parquet's own system prompt and user text, frames at the <video> mark (the release);
     # mode: configs/prompts/<prompt_mode>.txt + a "Video / Duration" header (ours; the tiny world's SFT format)
@@ -73,7 +73,7 @@ class AgentCfg:
 
 
 @dataclass
-class GRPOCfg:
+class GRPOConfig:
     n_samples: int = 8  # rollouts per prompt (the group)
     prompts_per_step: int = 7  # prompts per step; a multiple of the trainer world size
     temperature: float = 0.7  # rollout sampling temperature
@@ -103,7 +103,7 @@ class GRPOCfg:
 
 
 @dataclass
-class OptimCfg:
+class OptimConfig:
     lr: float = 2e-6  # learning rate (Adam, constant)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas
     eps: float = 1e-8  # Adam epsilon
@@ -112,9 +112,10 @@ class OptimCfg:
 
 
 @dataclass
-class RolloutCfg:
+class RolloutConfig:
+    # Weights reach the engine through its update_weights: the in-process engine takes the state
+    # dict, a server reloads an HF export of each version (weights/vNNNNNN, pruned).
     engine: str = "hf"  # hf (in-process, embedded default) | hf_server (HTTP, CPU) | sglang (GPU server)
-    weight_sync: str = "disk"  # disk (nccl: not implemented in the trainer yet) ; the in-process engine takes the state dict
     server: SGLangServerConfig = field(default_factory=SGLangServerConfig)
     batch_wait_s: float = 0.03  # in-process engine: requests arriving this close are batched
     dtype: str = "float32"  # in-process / hf_server engine dtype
@@ -122,16 +123,10 @@ class RolloutCfg:
     def __post_init__(self):
         if self.engine not in ("hf", "hf_server", "sglang"):
             raise ValueError(f"rollout.engine must be hf, hf_server or sglang, got {self.engine!r}")
-        if self.weight_sync not in ("disk", "nccl"):
-            raise ValueError(f"rollout.weight_sync must be disk or nccl, got {self.weight_sync!r}")
-        if self.weight_sync == "nccl":
-            raise ValueError("rollout.weight_sync=nccl: the trainer-side NCCL broadcast is not written yet "
-                             "(SGLangEngine already builds the /init_weights_update_group and "
-                             "/update_weights_from_distributed requests); use weight_sync=disk")
 
 
 @dataclass
-class TrainerCfg:
+class TrainerConfig:
     strategy: str = "fsdp2"  # fsdp2 | none
     dtype: str = "bfloat16"  # compute dtype (master weights fp32)
     attn_implementation: str | None = None  # sdpa | flash_attention_2 | eager (null: flash-attn on CUDA if installed)
@@ -144,12 +139,42 @@ class TrainerCfg:
 
 
 @dataclass
-class LogCfg:
+class LogConfig:
     wandb_project: str | None = "paravt-rl"  # wandb project (null: no wandb; metrics.jsonl always)
     wandb_mode: str = "offline"  # offline | online | disabled
     progress: bool = True  # tqdm progress bar
     save_trajectories: int = 2  # episodes per step (a seeded random sample) written to trajectories.jsonl
     trajectory_thumbnails: int = 48  # overview frames kept as JPEG thumbnails of this size (px) for the viewer; 0: none
+
+
+@dataclass
+class GTRConfig:
+    """Guided thought reinforcement (opt-in; see paravt.rl.gtr). Off leaves PARA-GRPO unchanged."""
+
+    mode: str = "off"  # off | observe (judge thoughts + collapse metrics, no extra loss) | train (+ lambda NLL)
+    corrector: str = "oracle"  # oracle (the synthetic world's ground truth) | llm (OpenAI-compatible endpoint)
+    sft_weight: float = 1.0  # lambda in L = L_PARA-GRPO + lambda * mean NLL(corrected thoughts)
+    think_weight: float = 1.0  # per-token weight of thought tokens in the PPO loss (the GTR code's c; 1 = off)
+    buffer_size: int = 4096  # corrected thoughts kept (DAgger-style aggregation over the run; oldest dropped)
+    sft_ratio: float = 1.0  # SFT samples per RL sample drawn from the buffer each step (1:1 as in GTR)
+    max_judged_turns: int = 64  # thoughts judged per step (a seeded sample; bounds the LLM corrector's calls)
+    world: str = ""  # oracle: the synthetic world folder (world.json); default: found beside train_data
+    base_url: str = ""  # llm corrector: OpenAI-compatible endpoint (http://host:port/v1)
+    model: str = ""  # llm corrector: model name (empty: the server's first /v1/models entry)
+    api_key_env: str = "PARAVT_CORRECTOR_API_KEY"  # llm corrector: the key's variable (set in .secrets.env)
+    timeout_s: float = 60.0  # llm corrector: per-request timeout; failures mean "no correction"
+    max_retries: int = 1  # llm corrector: retries after the first attempt
+    max_frames: int = 8  # llm corrector: overview frames sent with each judgement
+
+    def __post_init__(self):
+        if self.mode not in ("off", "observe", "train"):
+            raise ValueError(f"gtr.mode must be off, observe or train, got {self.mode!r}")
+        if self.corrector not in ("oracle", "llm"):
+            raise ValueError(f"gtr.corrector must be oracle or llm, got {self.corrector!r}")
+        if self.sft_weight < 0 or self.think_weight < 0 or self.sft_ratio < 0 or self.buffer_size < 1:
+            raise ValueError("gtr.sft_weight, think_weight, sft_ratio must be >= 0 and buffer_size >= 1")
+        if self.mode != "off" and self.corrector == "llm" and not self.base_url:
+            raise ValueError("gtr.corrector=llm needs gtr.base_url (an OpenAI-compatible endpoint)")
 
 
 @dataclass
@@ -164,14 +189,15 @@ class RLConfig:
     keep_last: int = 2  # complete checkpoints kept on disk
     seed: int = 0  # seeds K draws, prompt order and sampling
     resume: str = "auto"  # auto | never | <checkpoint dir>
-    paravt: ParaVTCfg = field(default_factory=ParaVTCfg)
-    hierarchical_agent: AgentCfg = field(default_factory=AgentCfg)
-    grpo: GRPOCfg = field(default_factory=GRPOCfg)
-    optim: OptimCfg = field(default_factory=OptimCfg)
-    rollout: RolloutCfg = field(default_factory=RolloutCfg)
-    trainer: TrainerCfg = field(default_factory=TrainerCfg)
+    paravt: ParaVTConfig = field(default_factory=ParaVTConfig)
+    hierarchical_agent: AgentConfig = field(default_factory=AgentConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
-    logging: LogCfg = field(default_factory=LogCfg)
+    gtr: GTRConfig = field(default_factory=GTRConfig)
+    logging: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self):
         if self.model_path in ("", "???"):
@@ -186,7 +212,7 @@ class RLConfig:
             raise ValueError("max_steps and save_every must be >= 1")
 
     def check_world_size(self, trainer_world_size: int) -> None:
-        """The batch must divide evenly over the trainer ranks (REFERENCE §2: 7 prompts, 7 trainer GPUs)."""
+        """The batch must divide evenly over the trainer ranks (the paper: 7 prompts, 7 trainer GPUs)."""
         if self.grpo.prompts_per_step % trainer_world_size:
             raise ValueError(
                 f"grpo.prompts_per_step={self.grpo.prompts_per_step} must be a multiple of the trainer world size "

@@ -131,10 +131,11 @@ class LossOutput:
 
 def ppo_token_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behav_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                    adv: torch.Tensor, mask: torch.Tensor, clip_eps: float = 0.2, kl_coef: float = 0.01,
-                   behav_cap: float | None = 5.0) -> LossOutput:
+                   behav_cap: float | None = 5.0, token_weight: torch.Tensor | None = None) -> LossOutput:
     """Decoupled clipped surrogate + k3 KL, summed over masked tokens.
 
-    All tensors are per token (same shape); ``adv`` is broadcast per sequence by the caller."""
+    All tensors are per token (same shape); ``adv`` is broadcast per sequence by the caller.
+    ``token_weight`` (optional) multiplies each token's surrogate (GTR: c on thought tokens)."""
     mask = mask.bool()
     ratio = torch.exp(logp - prox_logp)
     surr1 = ratio * adv
@@ -148,6 +149,8 @@ def ppo_token_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behav_logp: torc
         dropped = int(over.sum())
         keep = keep & ~over
         pg = pg * w
+    if token_weight is not None:
+        pg = pg * token_weight.detach()
     loss = pg
     kl_sum = 0.0
     if ref_logp is not None and kl_coef > 0:

@@ -1,232 +1,54 @@
 """PARA-GRPO training: ``bash scripts/run_rl.sh [RECIPE.yaml] [key=value ...]``.
 
-One step, as a reader can follow it (:meth:`RLTrainer.run_step`)::
+One step, top to bottom (:meth:`RLTrainer.train` → :meth:`RLTrainer.step`)::
 
-    prompts of step i (seeded order) ─► K per prompt (nFrames gating)
-      ─► n episodes per prompt on the rollout engine (rank 0 drives them, concurrently)
-      ─► rewards (R_acc + w·R_fmt + R_tool) ─► (r + bias)·scale ─► group norm ─► batch norm
-      ─► samples (exact ids, main-agent loss mask, engine logprobs, advantage) to every rank
-      ─► decoupled PPO loss + KL on each rank's share (FSDP2) ─► optimizer step
-      ─► new weights to the engine (state dict in-process, checkpoint dir for a server)
-      ─► metrics (JSONL + wandb) ; checkpoint every ``save_every`` steps
+    batch = producer.get()              rank 0: RolloutWorker.collect(i) in a background thread
+                                        (paravt.rl.rollout: K, episodes, rewards, advantages)
+    samples → every rank (broadcast) → this rank's share
+    decoupled PPO loss (+ KL) on the share, FSDP2 all-reduce, optimizer step     (RLTrainer.step)
+    [GTR on: + λ · NLL of corrected thoughts from the buffer]                     (paravt.rl.gtr)
+    new weights → engine through its public update_weights                       (EngineHandle.push_weights)
+    metrics (JSONL + wandb); checkpoint every ``save_every`` steps
 
-Rollouts come from a producer thread that may run ahead of training by at most
-``grpo.max_staleness`` policy versions (0 = synchronous). A crash or kill loses only the step
-in flight: ``resume=auto`` restarts from the newest complete checkpoint with the same step
-counter and the same data order (prompt order, K and sampling seeds are functions of the seed
-and the step). See :mod:`paravt.rl.grpo` for every departure from plain GRPO.
+The producer may run ahead of training by at most ``grpo.max_staleness`` policy versions
+(0 = synchronous). A crash or kill loses only the step in flight: ``resume=auto`` restarts
+from the newest complete checkpoint with the same step counter and data order (prompt order,
+K and sampling seeds are functions of the seed and the step). :mod:`paravt.rl.grpo` lists
+every departure from plain GRPO.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import queue
-import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
-from paravt.agent.tools import build_tools
-from paravt.core.metrics import MetricsLogger, plot_curves
-from paravt.core.scoring import turn_well_formed
-from paravt.core.seeding import rng, seed_everything, stable_hash
+from paravt.agent.episode import EpisodeSample
+from paravt.core.seeding import seed_everything
 from paravt.data.schema import load_rl_rows
-from paravt.engines.images import ImageInputs
+from paravt.engines.factory import EngineHandle, build_engine
 from paravt.models import parallel
 from paravt.models.loading import default_attn_implementation, load_model, load_processor, resolve_dtype
+from paravt.models.trainloop import TrainLoop
 from paravt.rl.config import RLConfig
-from paravt.rl.gating import choose_k
-from paravt.rl.grpo import (compute_advantages, k1_kl_rewards, masked_moments, normalize_with, ppo_token_loss,
-                            token_advantages)
-from paravt.rl.rewards.terms import compute_reward
+from paravt.rl.grpo import k1_kl_rewards, masked_moments, normalize_with, ppo_token_loss, token_advantages
+from paravt.rl.rollout import PromptSchedule, RolloutBatch, RolloutProducer, RolloutWorker, Sample
 
 log = logging.getLogger("paravt.rl")
 
+CURVES = ["reward/total", "reward/acc", "reward/format", "reward/tool", "format/compliance", "tools/call_frequency",
+          "tools/calls_per_turn", "tools/failure_frequency", "frac_reward_zero_std", "ppo/kl", "ppo/entropy",
+          "completions/mean_length"]
+GTR_CURVES = ["gtr/corrected_fraction", "gtr/valid_thought_fraction", "gtr/thought_state_consistency",
+              "gtr/distinct_thought_fraction", "gtr/nll", "ppo/entropy_think"]
 
-@dataclass
-class Sample:
-    """One training sequence: exact ids, loss mask, engine logprobs, images, advantage."""
-
-    input_ids: list[int]
-    loss_mask: list[int]
-    behav_logprobs: list[float]
-    images: ImageInputs | None
-    advantage: float
-    kind: str = "main"  # main | subagent | pad
-
-
-@dataclass
-class RolloutBatch:
-    index: int
-    samples: list[Sample]
-    metrics: dict[str, float]
-    trajectories: list[dict[str, Any]]
-    seconds: float
-    weight_version: int
-
-
-# ---------------------------------------------------------------------------------------
-# Data order
-# ---------------------------------------------------------------------------------------
-
-class PromptSchedule:
-    """Step i's prompts: positions [i·P, (i+1)·P) of concatenated seeded epoch permutations."""
-
-    def __init__(self, samples: list[EpisodeSample], per_step: int, seed: int):
-        if not samples:
-            raise ValueError("no RL prompts")
-        self.samples, self.per_step, self.seed = samples, per_step, seed
-
-    def batch(self, step: int) -> list[EpisodeSample]:
-        n = len(self.samples)
-        out = []
-        for pos in range(step * self.per_step, (step + 1) * self.per_step):
-            epoch, j = divmod(pos, n)
-            out.append(self.samples[int(rng(self.seed, "rl-order", epoch).permutation(n)[j])])
-        return out
-
-
-# ---------------------------------------------------------------------------------------
-# Rollouts
-# ---------------------------------------------------------------------------------------
-
-def episode_config(cfg: RLConfig) -> EpisodeConfig:
-    a = cfg.hierarchical_agent
-    return EpisodeConfig(prompt_mode=a.prompt_mode, prompt_source=a.prompt_source, max_turns=a.max_turns,
-                         max_parallel=a.max_parallel,
-                         think_prefix=cfg.paravt.constrained.think_prefix, temperature=cfg.grpo.temperature,
-                         top_p=cfg.grpo.top_p, max_new_tokens=a.max_new_tokens,
-                         max_context_tokens=a.max_context_tokens, crop=a.crop)
-
-
-def rollout_metrics(trajs, rewards, ks, zero_std: float) -> dict[str, float]:
-    n = max(len(trajs), 1)
-    calls = [c for t in trajs for turn in t.turns for c in turn.calls]
-    tool_turns = [turn for t in trajs for turn in t.turns if turn.calls]
-    m = {
-        "reward/total": sum(r.total for r in rewards) / n,
-        "reward/acc": sum(r.acc for r in rewards) / n,
-        "reward/format": sum(r.format for r in rewards) / n,
-        "reward/tool": sum(r.tool for r in rewards) / n,
-        "reward/guarded": sum(r.guarded for r in rewards) / n,
-        "format/compliance": sum(bool(t.turns) and all(turn_well_formed(x.text) for x in t.turns) for t in trajs) / n,
-        "tools/call_frequency": sum(t.stats["tool_calls"] > 0 for t in trajs) / n,
-        "tools/calls_per_turn": (len(calls) / len(tool_turns)) if tool_turns else 0.0,
-        "tools/parallel_turn_ratio": (sum(len(x.calls) >= 2 for x in tool_turns) / len(tool_turns)) if tool_turns else 0.0,
-        "tools/failure_frequency": (sum(not c.ok for c in calls) / len(calls)) if calls else 0.0,
-        "tools/parse_errors": sum(t.stats["parse_errors"] for t in trajs) / n,
-        "tools/turns_used": sum(t.stats["tool_turns_used"] for t in trajs) / n,
-        "frac_reward_zero_std": zero_std,
-        "completions/clipped_ratio": sum(t.end_reason in ("length", "context") for t in trajs) / n,
-        "completions/mean_length": sum(t.stats["generated_tokens"] for t in trajs) / n,
-        "completions/errors": sum(t.end_reason == "error" for t in trajs) / n,
-    }
-    for k, c in Counter(ks).items():
-        m[f"nframes/K{k}"] = c / n
-    for k in sorted(set(ks)):
-        idx = [i for i, kk in enumerate(ks) if kk == k]
-        m[f"reward_by_K/acc_K{k}"] = sum(rewards[i].acc for i in idx) / len(idx)
-        m[f"tools_by_K/call_frequency_K{k}"] = sum(trajs[i].stats["tool_calls"] > 0 for i in idx) / len(idx)
-    return m
-
-
-async def generate_rollouts(step: int, prompts: list[EpisodeSample], engine, processor, cfg: RLConfig,
-                            cache: OverviewCache, judge=None) -> RolloutBatch:
-    t0 = time.perf_counter()
-    ecfg = episode_config(cfg)
-    tools = build_tools(ecfg.tools, crop=ecfg.crop)
-    a, g = cfg.hierarchical_agent, cfg.grpo
-    ks = [choose_k(s.sample_id, cfg.seed, cfg.paravt.gating.nframes_gating, cfg.paravt.gating.choices, a.nframes)
-          for s in prompts]
-    jobs, groups, kk = [], [], []
-    for gi, (s, k) in enumerate(zip(prompts, ks)):
-        for j in range(g.n_samples):
-            jobs.append(run_episode(s, engine, processor, ecfg, k, seed=stable_hash(cfg.seed, "rollout", step, gi, j),
-                                    cache=cache, tools=tools))
-            groups.append(gi)
-            kk.append(k)
-    trajs = await asyncio.gather(*jobs)
-    knobs = cfg.paravt.knobs()
-    rewards = []
-    for t, gi in zip(trajs, groups):
-        s = prompts[gi]
-        executed = any(c.ok for turn in t.turns for c in turn.calls)
-        rewards.append(compute_reward(t.completion_text, s.answer, s.question_type, knobs, judge, executed))
-    adv, extra = compute_advantages([r.total for r in rewards], groups, g.reward_bias, g.reward_scale,
-                                    g.group_norm, g.batch_adv_norm and g.adv_norm_level == "sequence", g.reward_clip)
-    samples: list[Sample] = []
-    for t, a_ in zip(trajs, adv.tolist()):
-        if t.end_reason == "error" or not t.turns:
-            continue
-        samples.append(Sample(t.main.input_ids, t.main.loss_mask, t.main.logprobs, t.main.images, a_))
-        if cfg.hierarchical_agent.include_subagent_in_loss:
-            for sub in t.subagents:
-                seq = sub.sequence
-                samples.append(Sample(seq.input_ids, seq.loss_mask, seq.logprobs, seq.images, a_, "subagent"))
-    metrics = rollout_metrics(trajs, rewards, kk, extra["frac_reward_zero_std"])
-    versions = [turn.weight_version for t in trajs for turn in t.turns]
-    # A seeded random sample of the batch's episodes (not just the first group) for the viewer.
-    import random  # noqa: PLC0415
-    picked = sorted(random.Random(stable_hash(cfg.seed, "trajectories", step)).sample(
-        range(len(trajs)), min(cfg.logging.save_trajectories, len(trajs))))
-    recs = []
-    for i in picked:
-        t, r, s = trajs[i], rewards[i], prompts[groups[i]]
-        rec = t.redacted(thumbnails=cfg.logging.trajectory_thumbnails)
-        rec.update({"step": step, "reward": r.to_dict(), "score": r.acc, "answer": s.answer,
-                    "question": s.question, "question_type": s.question_type, "span": s.extra.get("span")})
-        recs.append(rec)
-    return RolloutBatch(step, samples, metrics, recs, time.perf_counter() - t0, min(versions) if versions else 0)
-
-
-class RolloutProducer(threading.Thread):
-    """Generates batch i once the engine holds weights of version >= i - max_staleness."""
-
-    def __init__(self, trainer: "RLTrainer", start: int):
-        super().__init__(daemon=True, name="rollout-producer")
-        self.t = trainer
-        self.next = start
-        self.out: queue.Queue = queue.Queue(maxsize=max(1, trainer.cfg.grpo.max_staleness))
-        self.version = start  # weights version in the engine
-        self.cond = threading.Condition()
-        self.stop = False
-        self.loop = asyncio.new_event_loop()
-
-    def set_version(self, v: int) -> None:
-        with self.cond:
-            self.version = v
-            self.cond.notify_all()
-
-    def run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        cfg = self.t.cfg
-        try:
-            while not self.stop and self.next < cfg.max_steps:
-                with self.cond:
-                    self.cond.wait_for(lambda: self.stop or self.next - self.version <= cfg.grpo.max_staleness)
-                if self.stop:
-                    break
-                prompts = self.t.schedule.batch(self.next)
-                batch = self.loop.run_until_complete(generate_rollouts(
-                    self.next, prompts, self.t.engine, self.t.processor, cfg, self.t.cache, self.t.judge))
-                self.out.put(batch)
-                self.next += 1
-        except BaseException as exc:  # noqa: BLE001 - hand the failure to the trainer thread
-            self.out.put(exc)
-
-
-# ---------------------------------------------------------------------------------------
-# Trainer
-# ---------------------------------------------------------------------------------------
 
 def prune_weight_dirs(root: Path, keep: int) -> list[Path]:
     """Delete all but the ``keep`` newest ``vNNNNNN`` weight exports (8B: 16 GB each in bf16).
@@ -251,7 +73,6 @@ class RLTrainer:
         self.ckpt_root = self.out / "checkpoints"
         self.processor = load_processor(cfg.model_path, cfg.hierarchical_agent.crop.min_pixels,
                                         cfg.hierarchical_agent.crop.max_pixels)
-        self.tokenizer = self.processor.tokenizer
         compute = resolve_dtype(cfg.trainer.dtype)
         attn = cfg.trainer.attn_implementation or default_attn_implementation()
         actor = load_model(cfg.model_path, dtype="float32", attn_implementation=attn)
@@ -273,83 +94,85 @@ class RLTrainer:
         self.optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=cfg.optim.lr,
                                            betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
                                            weight_decay=cfg.optim.weight_decay)
-        self.step = 0
-        self.engine = self.control = self.server = None
-        self.cache = OverviewCache(max_items=4 * cfg.grpo.prompts_per_step)
-        self.judge = None
+        self.global_step = 0  # completed optimizer steps (= the policy version the engine should hold)
+        self.handle: EngineHandle | None = None
+        self.gtr = None
+        if cfg.gtr.mode != "off":
+            from paravt.rl.gtr import GTR  # noqa: PLC0415
+            self.gtr = GTR(cfg, self.processor, is_main=self.d.is_main)
+        self.kl_reward_sum = 0.0
+        self.schedule = self.judge = None
         if self.d.is_main:
             rows, report = load_rl_rows(cfg.train_data)
             log.info("RL data: %s", report.summary())
             self.data_report = report.to_dict()
-            self.schedule = PromptSchedule([EpisodeSample.from_row(r) for r in rows], cfg.grpo.prompts_per_step, cfg.seed)
+            self.schedule = PromptSchedule([EpisodeSample.from_row(r) for r in rows], cfg.grpo.prompts_per_step,
+                                           cfg.seed)
             if cfg.paravt.reward.mode == "llm":
                 from paravt.rl.rewards.judge import LLMJudge  # noqa: PLC0415
                 self.judge = LLMJudge(cfg.judge)
 
-    # ------------------------------------------------------------------ engine
-    def _start_engine(self, weights: str) -> None:
-        """Rank 0 only: the rollout engine, loaded with the weights at ``weights``."""
-        r = self.cfg.rollout
-        if r.engine == "hf":
-            from paravt.engines.hf import HFEngine  # noqa: PLC0415
-            self.engine = HFEngine.from_pretrained(weights, dtype=r.dtype, batch_wait_s=r.batch_wait_s,
-                                                   seed=self.cfg.seed)
-            return
-        from paravt.engines.sglang import SGLangEngine, SGLangServer  # noqa: PLC0415
-        if r.engine == "hf_server":
-            port = parallel._free_port()
-            self.server = subprocess.Popen([sys.executable, "-m", "paravt.engines.hf_server", "--model", weights,
-                                            "--port", str(port), "--dtype", r.dtype],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            url = f"http://127.0.0.1:{port}"
-            _wait_http(url + "/health", self.server)
-        else:
-            scfg = r.server
-            scfg.model_path = weights
-            self.server = SGLangServer(scfg).start()
-            url = scfg.url
-        from paravt.engines.hf import vision_token_ids  # noqa: PLC0415
-        self.engine = SGLangEngine(url, server=self.server if isinstance(self.server, SGLangServer) else None,
-                                   banned_token_ids=vision_token_ids(self.tokenizer),
-                                   image_token_id=self.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
-        self.control = SGLangEngine(url)
+    # ------------------------------------------------------------------ one step
+    def step(self, batch: RolloutBatch | None) -> dict[str, float]:
+        """One optimizer step on rank 0's ``batch`` (None on the other ranks), then the weight push.
+        Collective: every rank calls it. Returns the training metrics (rank 0 adds the batch's)."""
+        sft = None
+        if batch is not None and self.gtr is not None:  # GTR: buffer this step's corrections, draw SFT samples
+            sft = self.gtr.draw(batch.corrections, self.global_step, len(batch.samples))
+        samples, index, sft = parallel.broadcast_object(
+            (batch.samples, batch.index, sft) if batch is not None else None)
+        if index != self.global_step:
+            raise RuntimeError(f"rollout batch {index} does not match step {self.global_step}")
+        t0 = time.perf_counter()
+        m = self.train_on(self._shard(samples), self._shard(sft) if sft else [])
+        m["time/train"] = time.perf_counter() - t0
+        self.global_step += 1
+        m["time/sync"] = self._push_weights(self.global_step)
+        if batch is not None:
+            m.update(batch.metrics)
+            m.update({"time/rollout": batch.seconds, "rollout/staleness": self.global_step - 1 - batch.weight_version,
+                      "rollout/samples": len(samples)})
+        return m
 
-    def _sync_weights(self, version: int) -> float:
-        """Push the actor's weights to the engine. Collective: every rank calls it."""
+    def _push_weights(self, version: int) -> float:
+        """The actor's weights → the engine (state dict in-process; an HF export for a server).
+        Collective: every rank calls it."""
         t0 = time.perf_counter()
         if self.cfg.rollout.engine == "hf":
             sd = parallel.full_state_dict(self.actor)
             if self.d.is_main:
-                self.engine._load_state({k: v for k, v in sd.items()})
-                self.engine.weight_version = version
+                self.handle.push_weights(sd, version)
         else:
             # In the trainer's dtype (bf16 for the 8B: half the bytes of fp32 to write and load).
             path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d,
                                       dtype=resolve_dtype(self.cfg.trainer.dtype))
             if self.d.is_main:
-                asyncio.run(self.control.update_weights(str(path), version))
-                asyncio.run(self.control.close())
+                self.handle.push_weights(path, version)
                 prune_weight_dirs(self.out / "weights", keep=self.cfg.grpo.max_staleness + 1)
         parallel.barrier()
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ losses
-    def _forward_logps(self, model, s: Sample) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log p of each next token, entropy) at the positions that predict policy tokens."""
+    def _forward_logps(self, model, s: Sample, temperature: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log p of each next token, entropy) at every position (position t predicts token t+1),
+        at the rollout temperature unless ``temperature`` is given (1.0 for the GTR NLL)."""
         ids = torch.tensor([s.input_ids], device=self.d.device)
         kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
                               "mm_token_type_ids": (ids == self.image_token_id).long(), "use_cache": False}
         if s.images is not None and len(s.images):
             pv, grid = s.images.tensors(self.processor)
             kw["pixel_values"], kw["image_grid_thw"] = pv.to(self.d.device), grid.to(self.d.device)
-        logits = model(**kw).logits[0, :-1].float() / max(self.cfg.grpo.temperature, 1e-6)
+        temp = self.cfg.grpo.temperature if temperature is None else temperature
+        logits = model(**kw).logits[0, :-1].float() / max(temp, 1e-6)
         target = ids[0, 1:]
         logp_all = torch.log_softmax(logits, -1)
         logp = logp_all.gather(1, target[:, None]).squeeze(1)
         ent = -(logp_all.exp() * logp_all).sum(-1)
         return logp, ent
 
-    def train_on(self, samples: list[Sample]) -> dict[str, float]:
+    def train_on(self, samples: list[Sample], sft_samples: list[Sample] = ()) -> dict[str, float]:
+        """PPO (+ KL) over this rank's ``samples``, plus λ·NLL over ``sft_samples`` (GTR), normalised
+        over the policy tokens of all ranks; ``ppo_minibatches`` optimizer steps."""
         cfg = self.cfg
         n_local = sum(sum(s.loss_mask[1:]) for s in samples)
         n_global = parallel.all_reduce_sum(n_local)
@@ -360,12 +183,14 @@ class RLTrainer:
         prox_cache: dict[int, torch.Tensor] = {}
         if cfg.grpo.ppo_minibatches > 1:  # proximal logprobs before any update of this step
             with torch.no_grad():
-                for i, s in enumerate(samples):
+                for s in samples:
                     prox_cache[id(s)] = self._forward_logps(self.actor, s)[0]
         token_adv = self._token_advantages(samples)
         loss_kl = cfg.grpo.kl_coef if cfg.grpo.kl_mode == "loss_k3" else 0.0
+        think_w = cfg.gtr.think_weight if self.gtr is not None else 1.0
+        n_sft = parallel.all_reduce_sum(sum(sum(s.loss_mask[1:]) for s in sft_samples))
         grad_norm = 0.0
-        for mb in mbs:
+        for mi, mb in enumerate(mbs):
             for s in mb:
                 mask = torch.tensor(s.loss_mask[1:], device=self.d.device, dtype=torch.bool)
                 behav = torch.tensor(s.behav_logprobs[1:], device=self.d.device)
@@ -376,26 +201,51 @@ class RLTrainer:
                     with torch.no_grad():
                         ref = self._forward_logps(self.ref, s)[0]
                 adv = token_adv[id(s)].to(logp) if id(s) in token_adv else torch.full_like(logp, s.advantage)
+                weight = None
+                think = torch.tensor(s.think_mask[1:], device=self.d.device, dtype=torch.bool) \
+                    if s.think_mask is not None else None
+                if think is not None and think_w != 1.0:
+                    weight = torch.where(think, torch.full_like(logp, think_w), torch.ones_like(logp))
                 out = ppo_token_loss(logp, prox, behav, ref, adv, mask, cfg.grpo.clip_eps, loss_kl,
-                                     cfg.grpo.behav_imp_weight_cap)
+                                     cfg.grpo.behav_imp_weight_cap, token_weight=weight)
                 (out.loss_sum * scale).backward()
                 tot["loss"] += float(out.loss_sum.detach())
                 tot["tokens"] += out.n_tokens
                 tot["clipped"] += out.clipped
                 tot["dropped"] += out.dropped
                 tot["kl"] += out.kl_sum
-                tot["entropy"] += float((ent.detach() * mask).sum())
+                ent_d = ent.detach()
+                tot["entropy"] += float((ent_d * mask).sum())
                 tot["gap"] += float(((prox - behav).abs() * mask).sum())
                 tot["mask"] += int(mask.sum())
+                if think is not None:
+                    tot["ent_think"] += float((ent_d * (mask & think)).sum())
+                    tot["n_think"] += int((mask & think).sum())
+                    tot["ent_action"] += float((ent_d * (mask & ~think)).sum())
+                    tot["n_action"] += int((mask & ~think).sum())
+            if mi == 0 and sft_samples:  # GTR: λ·NLL joins the first optimizer step (same count on every rank)
+                nll_sum, n_tok = self.gtr.nll_backward(self, sft_samples, n_sft)
+                tot["sft_nll"] += nll_sum
+                tot["sft_tokens"] += n_tok
             grad_norm = parallel.clip_grad_norm(self.actor.parameters(), cfg.optim.grad_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        g = {k: parallel.all_reduce_sum(v) for k, v in tot.items()}
+        g = {k: parallel.all_reduce_sum(tot.get(k, 0.0)) for k in
+             ("loss", "clipped", "dropped", "kl", "entropy", "gap", "mask", "ent_think", "n_think", "ent_action",
+              "n_action", "sft_nll", "sft_tokens")}
         m = max(g["mask"], 1.0)
-        return {"ppo/loss": g["loss"] / max(n_global, 1.0), "ppo/clip_ratio": g["clipped"] / m,
-                "ppo/behav_dropped_ratio": g["dropped"] / m, "ppo/kl": g["kl"] / m,
-                "ppo/kl_reward": parallel.all_reduce_sum(self.kl_reward_sum) / m, "ppo/entropy": g["entropy"] / m,
-                "rollout/logprob_gap": g["gap"] / m, "ppo/grad_norm": grad_norm, "ppo/tokens": n_global}
+        out = {"ppo/loss": g["loss"] / max(n_global, 1.0), "ppo/clip_ratio": g["clipped"] / m,
+               "ppo/behav_dropped_ratio": g["dropped"] / m, "ppo/kl": g["kl"] / m,
+               "ppo/kl_reward": parallel.all_reduce_sum(self.kl_reward_sum) / m, "ppo/entropy": g["entropy"] / m,
+               "rollout/logprob_gap": g["gap"] / m, "ppo/grad_norm": grad_norm, "ppo/tokens": n_global}
+        if g["n_think"]:
+            out["ppo/entropy_think"] = g["ent_think"] / g["n_think"]
+        if g["n_action"]:
+            out["ppo/entropy_action"] = g["ent_action"] / g["n_action"]
+        if self.gtr is not None:
+            out["gtr/nll"] = g["sft_nll"] / g["sft_tokens"] if g["sft_tokens"] else 0.0
+            out["gtr/sft_tokens"] = g["sft_tokens"]
+        return out
 
     def _token_advantages(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
         """Per-token advantages when they differ from the sequence's scalar: the release's k1 KL
@@ -429,19 +279,19 @@ class RLTrainer:
         w = self.d.world_size
         per = -(-len(samples) // w) if samples else 1
         mine = samples[self.d.rank::w]
-        while len(mine) < per:
-            src = samples[0] if samples else None
-            if src is None:
-                break
+        while len(mine) < per and samples:
+            src = samples[0]
             mine.append(Sample(src.input_ids, [0] * len(src.loss_mask), src.behav_logprobs, src.images, 0.0, "pad"))
         return mine
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
-        path = parallel.step_dir(self.ckpt_root, self.step)
-        state = {"step": self.step, "config": asdict(self.cfg)}
+        path = parallel.step_dir(self.ckpt_root, self.global_step)
+        state = {"step": self.global_step, "config": asdict(self.cfg)}
         parallel.save_resumable(path, self.actor, self.optimizer, state, self.d)
         parallel.export_hf(self.actor, self.processor, path / "hf", self.d)
+        if self.gtr is not None and self.d.is_main:
+            self.gtr.save(path)
         parallel.mark_complete(path, self.d, self.cfg.keep_last)
         return path
 
@@ -454,122 +304,66 @@ class RLTrainer:
         if path is None:
             return self.cfg.model_path
         state, _ = parallel.load_resumable(path, self.actor, self.optimizer, self.d)
-        self.step = state["step"]
+        self.global_step = state["step"]
+        if self.gtr is not None:
+            self.gtr.load(path)
         if self.d.is_main:
-            log.info("resumed from %s at step %d", path, self.step)
+            log.info("resumed from %s at step %d", path, self.global_step)
         return str(path / "hf")
 
     # ------------------------------------------------------------------ loop
+    def _start_rollouts(self, weights: str) -> RolloutProducer:
+        """Rank 0: the engine (``rollout.engine``) loaded with ``weights`` and the producer thread."""
+        r = self.cfg.rollout
+        self.handle = build_engine(r.engine, weights, self.processor, dtype=r.dtype, seed=self.cfg.seed,
+                                   batch_wait_s=r.batch_wait_s, server=r.server if r.engine == "sglang" else None,
+                                   log_file=self.out / "rollout_server.log")
+        worker = RolloutWorker(self.cfg, self.handle.engine, self.processor, self.schedule, self.judge, self.gtr)
+        if self.gtr is not None:
+            self.gtr.attach(worker)
+        producer = RolloutProducer(worker, self.global_step, self.cfg.max_steps, self.cfg.grpo.max_staleness)
+        producer.start()
+        return producer
+
+    async def _close_clients(self) -> None:
+        await self.handle.aclose()
+        if self.gtr is not None:
+            await self.gtr.aclose()
+
     def train(self, until: int | None = None) -> Path:
+        """Train to ``max_steps`` (or stop after step ``until``, as a crash would)."""
         cfg = self.cfg
         weights = self._resume()
-        logger = MetricsLogger(self.out / "metrics.jsonl", enabled=self.d.is_main,
-                               wandb_project=cfg.logging.wandb_project, wandb_mode=cfg.logging.wandb_mode,
-                               run_name=self.out.name, config=asdict(cfg), resume_step=self.step + 1)
-        producer = None
-        bar = None
-        if self.d.is_main:
-            self._start_engine(weights)
-            producer = RolloutProducer(self, self.step)
-            producer.start()
-            if cfg.logging.progress:
-                from tqdm import tqdm  # noqa: PLC0415
-                bar = tqdm(total=cfg.max_steps, initial=self.step, desc="para-grpo", dynamic_ncols=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        producer = self._start_rollouts(weights) if self.d.is_main else None
         try:
-            while self.step < cfg.max_steps:
-                t0 = time.perf_counter()
-                batch = None
-                if self.d.is_main:
-                    batch = producer.out.get()
-                    if isinstance(batch, BaseException):
-                        raise RuntimeError("rollout producer failed") from batch
-                t_wait = time.perf_counter() - t0
-                payload = parallel.broadcast_object(
-                    (batch.samples, batch.index) if batch is not None else None)
-                samples, index = payload
-                if index != self.step:
-                    raise RuntimeError(f"rollout batch {index} does not match step {self.step}")
-                t1 = time.perf_counter()
-                m = self.train_on(self._shard(samples))
-                t_train = time.perf_counter() - t1
-                self.step += 1
-                t_sync = self._sync_weights(self.step)
-                if producer is not None:
-                    producer.set_version(self.step)
-                if self.d.is_main:
-                    m.update(batch.metrics)
-                    m.update({"time/rollout": batch.seconds, "time/wait_rollout": t_wait, "time/train": t_train,
-                              "time/sync": t_sync, "time/step": time.perf_counter() - t0,
-                              "rollout/staleness": self.step - 1 - batch.weight_version,
-                              "rollout/samples": len(samples)})
-                    logger.log(m, self.step)
-                    with open(self.out / "trajectories.jsonl", "a") as f:
-                        for rec in batch.trajectories:
-                            f.write(json.dumps(rec) + "\n")
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(R=f"{m['reward/total']:.2f}", acc=f"{m['reward/acc']:.2f}",
-                                        fmt=f"{m['format/compliance']:.2f}", tools=f"{m['tools/call_frequency']:.2f}")
-                if self.step % cfg.save_every == 0 or self.step == cfg.max_steps:
-                    self.save()
-                if until is not None and self.step >= until:
-                    break
+            with TrainLoop(self, "para-grpo") as loop:
+                while self.global_step < cfg.max_steps:
+                    t0 = time.perf_counter()
+                    batch = producer.get() if producer is not None else None
+                    t_wait = time.perf_counter() - t0
+                    m = self.step(batch)
+                    m.update({"time/wait_rollout": t_wait, "time/step": time.perf_counter() - t0})
+                    if batch is not None:
+                        producer.set_version(self.global_step)
+                        with open(self.out / "trajectories.jsonl", "a") as f:
+                            for rec in batch.trajectories:
+                                f.write(json.dumps(rec) + "\n")
+                    loop.log(m if self.d.is_main else None, self.global_step, {
+                        "R": f"{m.get('reward/total', 0):.2f}", "acc": f"{m.get('reward/acc', 0):.2f}",
+                        "fmt": f"{m.get('format/compliance', 0):.2f}",
+                        "tools": f"{m.get('tools/call_frequency', 0):.2f}"} if self.d.is_main else None)
+                    if self.global_step % cfg.save_every == 0 or self.global_step == cfg.max_steps:
+                        self.save()
+                    if until is not None and self.global_step >= until:
+                        break
         finally:
             if producer is not None:
-                producer.stop = True
-                producer.set_version(10**9)
-                while producer.is_alive():  # let an in-flight batch finish; drain so it never blocks
-                    try:
-                        producer.out.get(timeout=0.2)
-                    except queue.Empty:
-                        pass
-            if bar is not None:
-                bar.close()
-            logger.close()
-            self._stop_engine(producer)
-        last = parallel.step_dir(self.ckpt_root, self.step) / "hf"
-        if self.d.is_main:
-            final = self.out / "final"
-            if final.is_symlink():
-                final.unlink()
-            if not final.exists() and last.exists():
-                final.symlink_to(last.resolve(), target_is_directory=True)
-            plot_curves(self.out / "metrics.jsonl",
-                        ["reward/total", "reward/acc", "reward/format", "reward/tool", "format/compliance",
-                         "tools/call_frequency", "tools/calls_per_turn", "tools/failure_frequency",
-                         "frac_reward_zero_std", "ppo/kl", "ppo/entropy", "completions/mean_length"],
-                        self.out / "curves.png", title="PARA-GRPO", smooth=3)
-        parallel.barrier()
-        return last
-
-    def _stop_engine(self, producer: "RolloutProducer | None" = None) -> None:
-        if self.engine is not None and producer is not None:
-            try:
-                producer.loop.run_until_complete(self.engine.close())
-            except Exception:  # noqa: BLE001
-                pass
-            producer.loop.close()
-        if self.server is not None:
-            if isinstance(self.server, subprocess.Popen):
-                self.server.terminate()
-                self.server.wait(timeout=30)
-            else:
-                self.server.stop()
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
-    import requests  # noqa: PLC0415
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"rollout server exited with code {proc.returncode}")
-        try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            time.sleep(0.5)
-    raise RuntimeError(f"rollout server at {url} not healthy after {timeout:.0f} s")
+                producer.shutdown(self._close_clients)
+            if self.handle is not None:
+                self.handle.stop()
+        return loop.finish(CURVES + (GTR_CURVES if self.gtr is not None else []), "curves.png", "PARA-GRPO",
+                           smooth=3)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,12 +28,12 @@ from typing import Any, Callable
 import torch
 from PIL import Image
 
-from paravt.agent.conversation import encode_text
+from paravt.models.tokenize import encode_text
 from paravt.core import prompts
 from paravt.core.seeding import rng
 from paravt.core.video import VideoError, local_path, sample_fps, sample_overview
 from paravt.data.schema import SFTRow, SkipReport, load_sft_rows
-from paravt.engines.images import ImageInputs
+from paravt.models.images import ImageInputs
 
 log = logging.getLogger(__name__)
 IGNORE = -100

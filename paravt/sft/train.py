@@ -22,102 +22,21 @@ import logging
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from paravt.core.metrics import MetricsLogger, plot_curves
 from paravt.core.seeding import seed_everything
 from paravt.models import parallel
 from paravt.models.loading import default_attn_implementation, load_model, load_processor, resolve_dtype
-from paravt.sft.data import (IGNORE, ExampleBuilder, PackedStream, Shard, StreamState, VideoSampling, collate_packed,
-                             collate_padded, load_manifest, padding_stats)
+from paravt.models.trainloop import TrainLoop
+from paravt.sft.config import SFTConfig
+from paravt.sft.data import (IGNORE, ExampleBuilder, PackedStream, StreamState, collate_packed, collate_padded,
+                             load_manifest, padding_stats)
 
 log = logging.getLogger("paravt.sft")
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 2e-5  # peak learning rate (AdamW)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
-    eps: float = 1e-8  # AdamW epsilon
-    weight_decay: float = 0.01  # AdamW weight decay (not on norms/biases)
-    scheduler: str = "cosine"  # cosine | constant
-    warmup_ratio: float = 0.05  # linear warm-up as a fraction of the planned schedule
-    # Steps the warm-up + cosine is planned over (None: max_steps). The authors plan 1500 steps
-    # (1 epoch) and release step 500, where the cosine is unfinished (lr ~0.8x peak).
-    schedule_steps: int | None = None
-    min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
-    grad_clip: float = 1.0  # global grad-norm clip
-    vision_lr_scale: float = 1.0  # lr multiplier for the vision tower (0 freezes it)
-
-    def __post_init__(self):
-        if self.scheduler not in ("cosine", "constant"):
-            raise ValueError(f"optim.scheduler must be cosine or constant, got {self.scheduler!r}")
-        if not (self.lr > 0 and 0 <= self.warmup_ratio < 1):
-            raise ValueError("optim.lr must be > 0 and optim.warmup_ratio in [0, 1)")
-        if self.schedule_steps is not None and self.schedule_steps < 1:
-            raise ValueError(f"optim.schedule_steps must be >= 1 or null, got {self.schedule_steps}")
-
-
-@dataclass
-class DistConfig:
-    strategy: str = "fsdp2"  # fsdp2 | deepspeed | ddp | none
-    zero_stage: int = 3  # DeepSpeed ZeRO stage (strategy=deepspeed)
-    reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (memory for comms)
-
-    def __post_init__(self):
-        if self.strategy not in ("fsdp2", "deepspeed", "ddp", "none"):
-            raise ValueError(f"dist.strategy must be fsdp2, deepspeed, ddp or none, got {self.strategy!r}")
-
-
-@dataclass
-class LogConfig:
-    log_every: int = 1  # metrics every N steps
-    wandb_project: str | None = "paravt-sft"  # wandb project (null: no wandb; metrics.jsonl always)
-    wandb_mode: str = "offline"  # offline | online | disabled
-    progress: bool = True  # tqdm progress bar
-
-
-@dataclass
-class SFTConfig:
-    model_path: str = "???"  # base model: a save_pretrained dir or hub id (required)
-    output_dir: str = "runs/sft"  # checkpoints/, final/, metrics.jsonl, loss_curve.png
-    data: list[Shard] = field(default_factory=list)  # manifest: list of {path, name, max_rows, optional} parquet shards
-    data_root: str = ""  # shard paths that are not absolute are relative to this folder
-    max_length: int = 8192  # longest tokenised row (or packed bin); longer rows are skipped and counted
-    packing: bool = True  # pack rows into max_length bins (per-sequence M-RoPE positions)
-    per_device_batch_size: int = 4  # rows per micro-batch (padded) or packed bins per micro-batch
-    grad_accum: int = 1  # micro-batches per optimizer step
-    max_steps: int = 500  # optimizer steps to train (the schedule may be planned longer: optim.schedule_steps)
-    save_every: int = 100  # checkpoint every N steps
-    keep_last: int = 2  # complete checkpoints kept on disk
-    seed: int = 0  # seeds data order, init and dropout
-    dtype: str = "bfloat16"  # compute dtype; master weights stay fp32
-    attn_implementation: str | None = None  # None: flash_attention_2 on CUDA if installed, else sdpa
-    gradient_checkpointing: bool = True  # recompute activations in backward (memory for time)
-    resume: str = "auto"  # auto | never | <checkpoint dir>
-    video: VideoSampling = field(default_factory=VideoSampling)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    dist: DistConfig = field(default_factory=DistConfig)
-    logging: LogConfig = field(default_factory=LogConfig)
-
-    def __post_init__(self):
-        if self.model_path in ("", "???"):
-            raise ValueError("model_path is required (a save_pretrained directory or hub id)")
-        if not self.data:
-            raise ValueError("data: give at least one shard ({path: ..., name: ...})")
-        self.data = [Shard(**d) if isinstance(d, dict) else d for d in self.data]
-        if self.data_root:
-            for sh in self.data:
-                if not Path(sh.path).is_absolute():
-                    sh.path = str(Path(self.data_root) / sh.path)
-        for name in ("max_length", "per_device_batch_size", "grad_accum", "max_steps", "save_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        resolve_dtype(self.dtype)
 
 
 def lr_lambda(cfg: SFTConfig):
@@ -174,7 +93,7 @@ class SFTTrainer:
         self.tokenizer = self.processor.tokenizer
         compute = resolve_dtype(cfg.dtype)
         if self.d.device.type == "cpu" and compute == torch.bfloat16:
-            log.warning("bf16 on CPU is ~2x slower than fp32 (PLATFORM_NOTES); consider dtype=float32")
+            log.warning("bf16 on CPU is ~2x slower than fp32 (measured on our 2-core CPUs); consider dtype=float32")
         attn = cfg.attn_implementation or default_attn_implementation()
         model = load_model(cfg.model_path, dtype="float32", attn_implementation=attn)
         self.rope_index = model.model.get_rope_index
@@ -196,7 +115,7 @@ class SFTTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         if s == "deepspeed":
             self._init_deepspeed(compute)
-        self.step = 0
+        self.global_step = 0
 
         rows, report, missing = load_manifest(cfg.data)
         self.data_report = {"rows": report.to_dict(), "missing_shards": missing}
@@ -236,14 +155,14 @@ class SFTTrainer:
         else:
             state, rank_state = parallel.load_resumable(path, self.model, self.optimizer, self.d)
             self.scheduler.load_state_dict(state["scheduler"])
-        self.step = state["step"]
+        self.global_step = state["step"]
         self.stream.state = StreamState(**rank_state["stream"])
         if self.d.is_main:
-            log.info("resumed from %s at step %d", path, self.step)
+            log.info("resumed from %s at step %d", path, self.global_step)
 
     def save(self) -> Path:
-        path = parallel.step_dir(self.ckpt_root, self.step)
-        state = {"step": self.step, "scheduler": self.scheduler.state_dict(), "config": asdict(self.cfg),
+        path = parallel.step_dir(self.ckpt_root, self.global_step)
+        state = {"step": self.global_step, "scheduler": self.scheduler.state_dict(), "config": asdict(self.cfg),
                  "data_report": self.data_report}
         rank_extra = {"stream": self.stream.state.to_dict()}
         if self.ds_engine is not None:
@@ -302,7 +221,7 @@ class SFTTrainer:
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
+        self.global_step += 1
         dt = time.perf_counter() - t0
         flat = [e for m in micro for e in m]
         pad = padding_stats(flat, cfg.packing, cfg.max_length)
@@ -316,41 +235,19 @@ class SFTTrainer:
         """Train to ``max_steps`` (or stop early after step ``until``, as a crash would)."""
         cfg = self.cfg
         self._resume()
-        logger = MetricsLogger(self.out / "metrics.jsonl", enabled=self.d.is_main,
-                               wandb_project=cfg.logging.wandb_project, wandb_mode=cfg.logging.wandb_mode,
-                               run_name=self.out.name, config=asdict(cfg), resume_step=self.step + 1)
-        bar = None
-        if self.d.is_main and cfg.logging.progress:
-            from tqdm import tqdm  # noqa: PLC0415
-            bar = tqdm(total=cfg.max_steps, initial=self.step, desc="sft", dynamic_ncols=True)
-        try:
-            while self.step < cfg.max_steps:
+        with TrainLoop(self, "sft") as loop:
+            while self.global_step < cfg.max_steps:
                 m = self.train_step()
                 m["skipped_rows"] = dict(self.builder.skipped)
-                if self.step % cfg.logging.log_every == 0 or self.step == cfg.max_steps:
-                    logger.log(m, self.step)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{m['loss']:.3f}", lr=f"{m['lr']:.1e}", tok_s=f"{m['tokens_per_s']:.0f}")
-                if self.step % cfg.save_every == 0 or self.step == cfg.max_steps:
+                log_now = self.global_step % cfg.logging.log_every == 0 or self.global_step == cfg.max_steps
+                loop.log(m if log_now else None, self.global_step,
+                         {"loss": f"{m['loss']:.3f}", "lr": f"{m['lr']:.1e}", "tok_s": f"{m['tokens_per_s']:.0f}"})
+                if self.global_step % cfg.save_every == 0 or self.global_step == cfg.max_steps:
                     self.save()
-                if until is not None and self.step >= until:
+                if until is not None and self.global_step >= until:
                     return self.out
-        finally:
-            if bar is not None:
-                bar.close()
-            logger.close()
-        final = self.out / "final"
-        last = parallel.step_dir(self.ckpt_root, self.step) / "hf"
-        if self.d.is_main:
-            if final.is_symlink() or final.exists():
-                final.unlink() if final.is_symlink() else None
-            if not final.exists():
-                final.symlink_to(last.resolve(), target_is_directory=True)
-            plot_curves(self.out / "metrics.jsonl", ["loss", "lr", "grad_norm", "tokens_per_s", "padding_fraction"],
-                        self.out / "loss_curve.png", title="cold-start SFT")
-        parallel.barrier()
-        return final
+        return loop.finish(["loss", "lr", "grad_norm", "tokens_per_s", "padding_fraction"], "loss_curve.png",
+                           "cold-start SFT")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,7 +53,7 @@ def test_multi_call_turn_exact_ids_and_mask(tiny, sample):
                      "second window\n</tool_response>\n<tool_response>\nthird window\n</tool_response><|im_end|>\n"
                      "<|im_start|>assistant\n<think>\n")
     # No re-tokenisation drift: rendering the whole conversation gives the same ids.
-    from paravt.agent.conversation import encode_text
+    from paravt.models.tokenize import encode_text
     full_text = tok.decode(traj.main.input_ids).replace("<|image_pad|>" * 4, "<|image_pad|>")
     ids, _ = encode_text(proc, full_text, traj.main.images.images)
     assert ids == traj.main.input_ids

@@ -8,15 +8,13 @@ import json
 
 import pytest
 
-from paravt.agent.conversation import encode_prompt
+from paravt.models.tokenize import encode_prompt
 from paravt.core.prompts import THINK_PREFIX, build_messages
 from paravt.core.video import sample_overview
 from paravt.data.schema import load_rl_rows
 from paravt.engines.base import SamplingParams
 from paravt.engines.openai import chat_payload, parse_chat_response
-from paravt.engines.sglang import (SGLangServerConfig, collapse_image_pads, generate_payload, init_group_payload,
-                                   launch_command, parse_generate_response, update_distributed_payload,
-                                   update_from_disk_payload)
+from paravt.engines.sglang import (SGLangServerConfig, collapse_image_pads, generate_payload, launch_command, parse_generate_response, update_from_disk_payload)
 from tests.conformance.server_source import load_file_module, load_method, load_structs
 
 pytestmark = pytest.mark.conformance
@@ -97,15 +95,10 @@ def test_sglang_generate_response_decodes(tiny, prompts):
 
 
 def test_weight_update_bodies_are_sglang_requests():
-    structs = load_structs("sglang", "srt/managers/io_struct.py",
-                           ["UpdateWeightFromDiskReqInput", "InitWeightsUpdateGroupReqInput",
-                            "UpdateWeightsFromDistributedReqInput"])
+    structs = load_structs("sglang", "srt/managers/io_struct.py", ["UpdateWeightFromDiskReqInput"])
     import msgspec
     disk = msgspec.convert(update_from_disk_payload("/ckpt/v000003", 3), structs["UpdateWeightFromDiskReqInput"])
     assert disk.model_path == "/ckpt/v000003" and disk.weight_version == "3" and disk.flush_cache
-    msgspec.convert(init_group_payload("10.0.0.1", 29500, 2), structs["InitWeightsUpdateGroupReqInput"])
-    msgspec.convert(update_distributed_payload([("w", "bfloat16", [2, 3])], 5),
-                    structs["UpdateWeightsFromDistributedReqInput"])
 
 
 def _video_messages(k: int):

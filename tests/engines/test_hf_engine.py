@@ -3,7 +3,7 @@ import asyncio
 import pytest
 import torch
 
-from paravt.agent.conversation import encode_prompt
+from paravt.models.tokenize import encode_prompt
 from paravt.core.prompts import THINK_PREFIX, build_messages
 from paravt.core.video import sample_overview
 from paravt.data.schema import load_rl_rows
@@ -114,7 +114,8 @@ def test_sampling_params_validation():
 
 def test_vision_placeholders_are_never_sampled(tiny):
     import torch
-    from paravt.engines.hf import _Request, _RowSampler, vision_token_ids
+    from paravt.engines.hf import _Request, _RowSampler
+    from paravt.models.tokenize import vision_token_ids
     _, proc = tiny
     banned = vision_token_ids(proc.tokenizer)
     assert proc.image_token_id in banned and len(banned) == 4

@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from paravt.agent.conversation import encode_prompt
+from paravt.models.tokenize import encode_prompt
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, run_episode
 from paravt.agent.tools import CropConfig
 from paravt.core.prompts import THINK_PREFIX, build_messages

@@ -5,9 +5,9 @@ import pytest
 from PIL import Image
 
 from paravt.engines.base import EngineError, SamplingParams
-from paravt.engines.images import ImageInputs
-from paravt.engines.sglang import (SGLangServerConfig, generate_payload, init_group_payload, launch_command,
-                                   parse_generate_response, update_distributed_payload, update_from_disk_payload)
+from paravt.models.images import ImageInputs
+from paravt.engines.sglang import (SGLangServerConfig, generate_payload, launch_command,
+                                   parse_generate_response, update_from_disk_payload)
 
 
 def test_launch_command_has_reference_settings():
@@ -71,8 +71,3 @@ def test_parse_generate_response():
 def test_weight_update_payloads():
     assert update_from_disk_payload("/ckpt/step10", 10) == {"model_path": "/ckpt/step10", "weight_version": "10",
                                                              "flush_cache": True}
-    g = init_group_payload("10.0.0.1", 29600, world_size=2)
-    assert g["rank_offset"] == 1 and g["world_size"] == 2 and g["backend"] == "nccl"
-    u = update_distributed_payload([("model.layers.0.mlp.up_proj.weight", "bfloat16", [384, 128])], 3)
-    assert u["names"] == ["model.layers.0.mlp.up_proj.weight"] and u["shapes"] == [[384, 128]]
-    assert u["dtypes"] == ["bfloat16"] and u["weight_version"] == "3"

@@ -2,7 +2,7 @@
 
 import json
 
-from paravt.report import effects_table, main, paired_delta, probe_table, results_table
+from paravt.eval.report import effects_table, main, paired_delta, probe_table, results_table
 
 
 def _summary(score, tool_rate):

@@ -49,12 +49,12 @@ def test_sglang_rollout_with_images_matches_the_local_ids(tiny, world, tmp_path)
     """An image-carrying prompt through a real SGLang server: one <|image_pad|> per image sent,
     the server's prompt_tokens equal the locally expanded prompt, and the trainer's re-score of
     the returned tokens matches the server's logprobs (bf16 tolerance)."""
-    from paravt.agent.conversation import encode_prompt
+    from paravt.models.tokenize import encode_prompt
     from paravt.core.prompts import THINK_PREFIX, build_messages
     from paravt.core.video import sample_overview
     from paravt.data.schema import load_rl_rows
     from paravt.engines.base import SamplingParams
-    from paravt.engines.hf import vision_token_ids
+    from paravt.models.tokenize import vision_token_ids
     from paravt.engines.sglang import SGLangEngine, SGLangServer, SGLangServerConfig
 
     model, proc = tiny

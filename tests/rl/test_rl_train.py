@@ -119,11 +119,6 @@ def test_kill_and_resume(world, tiny_dir, tmp_path):
     assert (out / "checkpoints/step_000004/COMPLETE").exists()
 
 
-def test_unimplemented_nccl_sync_is_rejected():
-    with pytest.raises(ValueError, match="not written yet"):
-        load_config(RLConfig, "configs/rl/tiny.yaml", ["rollout.weight_sync=nccl"])
-
-
 def test_rl_step_through_the_http_rollout_server(world, tiny_dir, tmp_path):
     """rollout.engine=hf_server: the rollout server runs in its own process and takes one
     <|image_pad|> per image as SGLang does; the trainer re-scores the ids it kept locally to the

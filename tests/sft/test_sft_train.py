@@ -7,7 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from paravt.core.config import load_config
-from paravt.sft.train import SFTConfig, SFTTrainer
+from paravt.sft.config import SFTConfig
+from paravt.sft.train import SFTTrainer
 
 
 def _cfg(world, tiny_dir, out, **kw):
@@ -30,7 +31,7 @@ def test_resume_gives_the_same_weights(world, tiny_dir, tmp_path):
     assert not (tmp_path / "b/checkpoints/step_000003").exists()
     resumed = SFTTrainer(_cfg(world, tiny_dir, tmp_path / "b", max_steps=4))
     resumed.train()
-    assert resumed.step == 4
+    assert resumed.global_step == 4
     wa = _weights(tmp_path / "a/checkpoints/step_000004/hf")
     wb = _weights(tmp_path / "b/checkpoints/step_000004/hf")
     assert wa.keys() == wb.keys()

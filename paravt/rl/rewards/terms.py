@@ -35,15 +35,11 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from paravt.core.scoring import extract_answer, release_accuracy, release_extract_answer, rule_accuracy, token_f1
+from paravt.core.scoring import (ANSWER_BODY_RE, ANSWER_RE, CALL_START_RE, OPEN_THINK_RE, THINK_BLOCK_RE,
+                                 release_accuracy, release_extract_answer, score)
 from paravt.core.toolcall import parse_tool_calls, release_has_tool_call
 
 SUBSTANTIVE_THINK_CHARS = 10
-_THINK_BLOCK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_ANSWER_BODY_RE = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL)
-_CALL_START_RE = re.compile(r"<tool_call>|<tool_code>|<video_zoom>")
-_CLOSED_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_OPEN_THINK_RE = re.compile(r"<think>(.*?)(?:<tool_|<answer>|<\|im_end\|>|$)", re.DOTALL)
 TAG_PAIRS = ("think", "tool_call", "tool_code", "answer")
 RULES = ("release", "paravt")
 
@@ -94,31 +90,32 @@ def degenerate(text: str, count: int = 5, window: int = 300, rules: str = "relea
 
 def accuracy(text: str, answer: Any, question_type: str, mode: str = "f1",
              judge: Callable[[str, str], float] | None = None, rules: str = "release") -> float:
-    """R_acc of a scored text; ``llm`` mode asks ``judge(pred, gold)`` for {0, 0.5, 1} and
-    falls back to F1 when the judge fails."""
-    release = rules == "release"
-    pred = release_extract_answer(text) if release else extract_answer(text)
-    match = release_accuracy if release else rule_accuracy
+    """R_acc of a scored text. ``paravt`` rules: exactly eval's :func:`paravt.core.scoring.score`.
+    ``release`` rules: the release's extraction and matching; ``llm`` mode asks
+    ``judge(pred, gold)`` for {0, 0.5, 1} on open-ended questions and falls back to F1."""
+    if rules != "release":
+        return score(text, answer, question_type, mode, judge).value
+    pred = release_extract_answer(text)
     if mode == "llm" and question_type not in ("mcq", "tvg"):
         gold = answer if isinstance(answer, str) else str(answer)
-        if pred and match(pred, gold, question_type, "exact") == 1.0:
+        if pred and release_accuracy(pred, gold, question_type, "exact") == 1.0:
             return 1.0
         if judge is not None:
             try:
-                score = float(judge(pred, gold))
-                if score in (0.0, 0.5, 1.0):
-                    return score
+                v = float(judge(pred, gold))
+                if v in (0.0, 0.5, 1.0):
+                    return v
             except Exception:  # noqa: BLE001 - the judge must never block training
                 pass
-        return match(pred, gold, question_type, "f1") if release else token_f1(pred, gold)
-    return match(pred, answer, question_type, "f1" if mode == "llm" else mode)
+        return release_accuracy(pred, gold, question_type, "f1")
+    return release_accuracy(pred, answer, question_type, "f1" if mode == "llm" else mode)
 
 
 def _release_format(text: str, answer_suffix: bool, anchor_weight: float) -> float:
     """R_fmt under the release's rules (≤ 1; negative when only the unclosed-think penalty fires)."""
-    m = _THINK_BLOCK_RE.search(text) or _OPEN_THINK_RE.search(text)
+    m = THINK_BLOCK_RE.search(text) or OPEN_THINK_RE.search(text)
     think = bool(m and len(m.group(1).strip()) >= SUBSTANTIVE_THINK_CHARS)
-    body = any(b.strip() for b in _CLOSED_ANSWER_RE.findall(text))
+    body = any(b.strip() for b in ANSWER_RE.findall(text))
     closed_think = "</think>" in text
     t, a_open, a_close = (0.2, 0.3, 0.2) if answer_suffix else (0.3, 0.2, 0.1)
     score = t * think + (a_open * ("<answer>" in text) + a_close * ("</answer>" in text)) * body
@@ -138,9 +135,9 @@ def format_reward(text: str, answer_suffix: bool = True, anchor_weight: float = 
     """R_fmt (≤ 1) under ``rules`` (see the module docstring)."""
     if rules == "release":
         return _release_format(text, answer_suffix, anchor_weight)
-    thinks = _THINK_BLOCK_RE.findall(text)
+    thinks = THINK_BLOCK_RE.findall(text)
     substantive = any(len(t.strip()) >= SUBSTANTIVE_THINK_CHARS for t in thinks)
-    m = _ANSWER_BODY_RE.search(text)
+    m = ANSWER_BODY_RE.search(text)
     answer_body = m.group(1).strip() if m else ""
     has_open, has_close = "<answer>" in text, "</answer>" in text
     score = 0.0
@@ -160,7 +157,7 @@ def format_reward(text: str, answer_suffix: bool = True, anchor_weight: float = 
         if text.count("<think>") > text.count("</think>"):
             anchor -= 0.3
         score += anchor_weight * anchor
-    call = _CALL_START_RE.search(text)
+    call = CALL_START_RE.search(text)
     if call and parse_tool_calls(text).calls and "<think>" in text and text.index("<think>") < call.start():
         score += 0.3
     if score > 0 and all(text.count(f"<{t}>") == text.count(f"</{t}>") for t in TAG_PAIRS):

@@ -1,6 +1,7 @@
 """The quickstart report: one Markdown file + PNG curves from the stages' own outputs.
 
-    python -m paravt.report OUT_DIR
+    python -m paravt.eval.report OUT_DIR
+    python -m paravt.eval.report --gtr OUT_DIR     (the GTR ablation of scripts/ablate_gtr.sh)
 
 Reads ``OUT/eval/summary_all.json`` (eval driver), ``OUT/rl_vanilla/metrics.jsonl`` and
 ``OUT/rl_paragrpo/metrics.jsonl`` (RL), ``OUT/sft/metrics.jsonl`` (SFT), ``OUT/probe_*.json``
@@ -82,9 +83,10 @@ def per_question(out: Path, row: str, key: str = "score") -> dict[str, float]:
     return {r["id"]: float(r.get(key) or 0.0) for r in read_jsonl(p)} if p.exists() else {}
 
 
-def effects_table(out: Path, seed: int = 0) -> str:
+def effects_table(out: Path, seed: int = 0, comparisons=None) -> str:
+    """Paired B − A differences per (name, B row, A row, K) comparison (default: the quickstart's)."""
     lines = []
-    for name, b, a, k in COMPARISONS:
+    for name, b, a, k in comparisons or COMPARISONS:
         for key, label in (("score", "score"), ("well_formed", "format compliance")):
             r = paired_delta(per_question(out, f"{a}-K{k}", key), per_question(out, f"{b}-K{k}", key), seed=seed)
             if not r["n"]:
@@ -122,18 +124,25 @@ def probe_table(out: Path) -> str:
     return "\n".join(head + lines) + "\n"
 
 
-def curves_png(out: Path) -> Path | None:
-    runs = {name: read_jsonl(out / d / "metrics.jsonl") for name, d in (("vanilla GRPO", "rl_vanilla"),
-                                                                      ("PARA-GRPO", "rl_paragrpo"))}
-    if not any(runs.values()):
+def curves_png(out: Path, arms=(("vanilla GRPO", "rl_vanilla"), ("PARA-GRPO", "rl_paragrpo")), keys=None,
+               name: str = "report_curves.png") -> Path | None:
+    """One panel per metric, one line per RL run (3-step moving average)."""
+    runs = {label: read_jsonl(out / d / "metrics.jsonl") for label, d in arms}
+    keys = [k for k in (keys or CURVES) if any(r.get(k) is not None for rows in runs.values() for r in rows)]
+    if not any(runs.values()) or not keys:
         return None
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.2))
-    for ax, key in zip(axes, CURVES):
+    cols = min(len(keys), 5)
+    nrows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
+    axes = axes.ravel()
+    for ax in axes[len(keys):]:
+        ax.axis("off")
+    for ax, key in zip(axes, keys):
         for name, rows in runs.items():
             pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             if pts:
@@ -145,14 +154,67 @@ def curves_png(out: Path) -> Path | None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    p = out / "report_curves.png"
+    p = out / name
     fig.savefig(p, dpi=110)
     plt.close(fig)
     return p
 
 
+GTR_ARMS = (("PARA-GRPO", "rl_para_observe"), ("PARA-GRPO+GTR", "rl_gtr"))
+GTR_CURVES = ["reward/acc", "format/compliance", "tools/call_frequency", "gtr/corrected_fraction",
+              "gtr/valid_thought_fraction", "gtr/thought_state_consistency", "gtr/thought_answer_consistency",
+              "gtr/distinct_thought_fraction", "gtr/cross_question_duplicates", "gtr/repeated_thought_turns",
+              "ppo/entropy_think", "ppo/entropy_action", "gtr/nll"]
+
+
+def _fifths(rows: list[dict], key: str) -> tuple[float, float] | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    if not vals:
+        return None
+    n = max(1, len(vals) // 5)
+    return sum(vals[:n]) / n, sum(vals[-n:]) / n
+
+
+def gtr_report(out: Path, ks=(4, 64)) -> str:
+    """PARA-GRPO vs PARA-GRPO+GTR from one SFT checkpoint (``scripts/ablate_gtr.sh``): eval table,
+    paired bootstrap effects on the same questions, collapse metrics over training, curves."""
+    summary = json.loads((out / "eval/summary_all.json").read_text()) if (out / "eval/summary_all.json").exists() else {}
+    rows = []
+    for label, prefix in (("PARA-GRPO", "paragrpo"), ("PARA-GRPO+GTR", "gtr")):
+        for k in ks:
+            s = summary.get(f"{prefix}-K{k}", {}).get("image_url", {}).get("synthetic")
+            if s:
+                rows.append(f"| {label} | {k} | {s['evaluated']} | {_cell(s, 'score')} | {_cell(s, 'format_compliance')} | "
+                            f"{_cell(s, 'tool_usage_rate')} |")
+    table = ["| run | K | questions | score | format compliance | tool use |", "|---|---|---|---|---|---|", *rows]
+    effects = effects_table(out, comparisons=[("GTR − PARA-GRPO", "gtr", "paragrpo", k) for k in ks])
+    train = []
+    for label, d in GTR_ARMS:
+        metrics = read_jsonl(out / d / "metrics.jsonl")
+        for key in GTR_CURVES:
+            fl = _fifths(metrics, key)
+            if fl:
+                train.append(f"| {label} | {key} | {fl[0]:.3f} | {fl[1]:.3f} |")
+    png = curves_png(out, GTR_ARMS, GTR_CURVES, "gtr_curves.png")
+    md = [f"# GTR ablation ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()})", "",
+          "Same SFT checkpoint, seeds and steps; PARA-GRPO runs GTR in observe mode (metrics only, no extra loss).",
+          "Held-out synthetic eval set; score = accuracy (mcq, oe) and temporal IoU (tvg); all in %.", "",
+          *table, "", "Paired differences on the same questions (B − A, 10 000 bootstrap resamples):", "",
+          effects or "(no paired cells)", "", "Training (mean of the first fifth vs the last fifth of the steps):", "",
+          "| run | metric | start | end |", "|---|---|---|---|", *train, ""]
+    if png:
+        md += [f"![gtr curves]({png.name})", ""]
+    text = "\n".join(md)
+    (out / "gtr_report.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
-    out = Path((argv or sys.argv[1:])[0])
+    args = list(argv if argv is not None else sys.argv[1:])
+    if args and args[0] == "--gtr":
+        print(gtr_report(Path(args[1])))
+        return 0
+    out = Path(args[0])
     summary = json.loads((out / "eval/summary_all.json").read_text()) if (out / "eval/summary_all.json").exists() else {}
     table = results_table(summary)
     png = curves_png(out)
@@ -172,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     effects = effects_table(out)
     if effects:
         md += ["The paper's effects as paired differences on the same questions (B − A; "
-               "`paravt.report.paired_delta`, 10 000 resamples):", "", effects, ""]
+               "`paravt.eval.report.paired_delta`, 10 000 resamples):", "", effects, ""]
     md += ["RL training curves (first fifth vs last fifth of the steps):", "",
           "| run | metric | start | end |", "|---|---|---|---|", *first_last, ""]
     probes = probe_table(out)

@@ -1,0 +1,61 @@
+"""Prompt encoding with the model's own processor: chat template → token ids with each image's
+placeholder expanded to its patch tokens, and the ids of the vision placeholder tokens.
+
+Every stage encodes through these functions (the episode, the SFT packer, the CPU server), so a
+prompt has one token sequence everywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paravt.models.images import ImageInputs
+
+VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+def images_of(messages: list[dict[str, Any]]) -> list[Any]:
+    """The images of ``messages`` in placeholder order."""
+    out = []
+    for m in messages:
+        if isinstance(m.get("content"), list):
+            out.extend(i["image"] for i in m["content"] if i.get("type") == "image")
+    return out
+
+
+def encode_text(processor, text: str, images: list[Any] | None) -> tuple[list[int], ImageInputs | None]:
+    """Ids of an already rendered ``text``; with images, their pixel tensors are cached on the result."""
+    if images:
+        imgs = ImageInputs(images)
+        out = processor(text=[text], images=imgs.images, return_tensors="pt")
+        imgs._tensors = (out["pixel_values"], out["image_grid_thw"])
+        imgs._tensors_key = id(processor.image_processor)
+        return out["input_ids"][0].tolist(), imgs
+    return processor.tokenizer.encode(text, add_special_tokens=False), None
+
+
+def encode_prompt(processor, messages: list[dict[str, Any]], prefix: str = "") -> tuple[list[int], ImageInputs | None]:
+    """Token ids (image placeholders expanded) of ``messages`` + generation prompt + prefix."""
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + prefix
+    return encode_text(processor, text, images_of(messages))
+
+
+def vision_token_ids(tokenizer) -> list[int]:
+    """Ids of the vision placeholder tokens; a policy that writes one breaks the next forward."""
+    ids = []
+    for t in VISION_TOKENS:
+        i = tokenizer.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id:
+            ids.append(i)
+    return ids
+
+
+def image_pad_id(tokenizer) -> int:
+    return tokenizer.convert_tokens_to_ids("<|image_pad|>")
+
+
+def think_token_ids(tokenizer) -> tuple[int, int] | None:
+    """(id of ``<think>``, id of ``</think>``) when both are single tokens (Qwen3-VL, the tiny model)."""
+    ids = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    if all(isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id for i in ids):
+        return ids[0], ids[1]
+    return None

@@ -1,0 +1,91 @@
+"""The typed SFT recipe (``configs/sft/*.yaml``; every field overridable as ``key=value``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paravt.models.loading import resolve_dtype
+from paravt.sft.data import Shard, VideoSampling
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5  # peak learning rate (AdamW)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    eps: float = 1e-8  # AdamW epsilon
+    weight_decay: float = 0.01  # AdamW weight decay (not on norms/biases)
+    scheduler: str = "cosine"  # cosine | constant
+    warmup_ratio: float = 0.05  # linear warm-up as a fraction of the planned schedule
+    # Steps the warm-up + cosine is planned over (None: max_steps). The authors plan 1500 steps
+    # (1 epoch) and release step 500, where the cosine is unfinished (lr ~0.8x peak).
+    schedule_steps: int | None = None
+    min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
+    grad_clip: float = 1.0  # global grad-norm clip
+    vision_lr_scale: float = 1.0  # lr multiplier for the vision tower (0 freezes it)
+
+    def __post_init__(self):
+        if self.scheduler not in ("cosine", "constant"):
+            raise ValueError(f"optim.scheduler must be cosine or constant, got {self.scheduler!r}")
+        if not (self.lr > 0 and 0 <= self.warmup_ratio < 1):
+            raise ValueError("optim.lr must be > 0 and optim.warmup_ratio in [0, 1)")
+        if self.schedule_steps is not None and self.schedule_steps < 1:
+            raise ValueError(f"optim.schedule_steps must be >= 1 or null, got {self.schedule_steps}")
+
+
+@dataclass
+class DistConfig:
+    strategy: str = "fsdp2"  # fsdp2 | deepspeed | ddp | none
+    zero_stage: int = 3  # DeepSpeed ZeRO stage (strategy=deepspeed)
+    reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (memory for comms)
+
+    def __post_init__(self):
+        if self.strategy not in ("fsdp2", "deepspeed", "ddp", "none"):
+            raise ValueError(f"dist.strategy must be fsdp2, deepspeed, ddp or none, got {self.strategy!r}")
+
+
+@dataclass
+class LogConfig:
+    log_every: int = 1  # metrics every N steps
+    wandb_project: str | None = "paravt-sft"  # wandb project (null: no wandb; metrics.jsonl always)
+    wandb_mode: str = "offline"  # offline | online | disabled
+    progress: bool = True  # tqdm progress bar
+
+
+@dataclass
+class SFTConfig:
+    model_path: str = "???"  # base model: a save_pretrained dir or hub id (required)
+    output_dir: str = "runs/sft"  # checkpoints/, final/, metrics.jsonl, loss_curve.png
+    data: list[Shard] = field(default_factory=list)  # manifest: list of {path, name, max_rows, optional} parquet shards
+    data_root: str = ""  # shard paths that are not absolute are relative to this folder
+    max_length: int = 8192  # longest tokenised row (or packed bin); longer rows are skipped and counted
+    packing: bool = True  # pack rows into max_length bins (per-sequence M-RoPE positions)
+    per_device_batch_size: int = 4  # rows per micro-batch (padded) or packed bins per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    max_steps: int = 500  # optimizer steps to train (the schedule may be planned longer: optim.schedule_steps)
+    save_every: int = 100  # checkpoint every N steps
+    keep_last: int = 2  # complete checkpoints kept on disk
+    seed: int = 0  # seeds data order, init and dropout
+    dtype: str = "bfloat16"  # compute dtype; master weights stay fp32
+    attn_implementation: str | None = None  # None: flash_attention_2 on CUDA if installed, else sdpa
+    gradient_checkpointing: bool = True  # recompute activations in backward (memory for time)
+    resume: str = "auto"  # auto | never | <checkpoint dir>
+    video: VideoSampling = field(default_factory=VideoSampling)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    logging: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self):
+        if self.model_path in ("", "???"):
+            raise ValueError("model_path is required (a save_pretrained directory or hub id)")
+        if not self.data:
+            raise ValueError("data: give at least one shard ({path: ..., name: ...})")
+        self.data = [Shard(**d) if isinstance(d, dict) else d for d in self.data]
+        if self.data_root:
+            for sh in self.data:
+                if not Path(sh.path).is_absolute():
+                    sh.path = str(Path(self.data_root) / sh.path)
+        for name in ("max_length", "per_device_batch_size", "grad_accum", "max_steps", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        resolve_dtype(self.dtype)
