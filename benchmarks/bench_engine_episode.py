@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import statistics
 import sys
@@ -21,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from paravt.agent.conversation import encode_prompt
+from _util import write_result  # benchmarks/_util.py: the script's folder is on sys.path
+from paravt.models.tokenize import encode_prompt
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
 from paravt.agent.tools import CropConfig
 from paravt.core.prompts import THINK_PREFIX, build_messages
@@ -137,10 +137,7 @@ def main(argv=None) -> int:
     res["overview_cache"] = {"group": 8, "hits": cache.hits, "misses": cache.misses,
                              "first_episode_s": first, "cached_episode_s": rest}
 
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=2))
-    print(json.dumps(res, indent=2))
-    return 0
+    return write_result(a.out, res)
 
 
 def _answer_only(eng):

@@ -6,16 +6,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
+from _util import write_result  # benchmarks/_util.py: the script's folder is on sys.path
 from paravt.core.config import load_config
 from paravt.data.materialize import materialize
 from paravt.data.synthetic import WorldConfig, build_world
 from paravt.models.tiny import build_tiny
-from paravt.sft.train import SFTConfig, SFTTrainer
+from paravt.sft.config import SFTConfig
+from paravt.sft.train import SFTTrainer
 
 
 def main(argv=None) -> int:
@@ -42,10 +43,7 @@ def main(argv=None) -> int:
         batch_tokens = sum(m["real_tokens"] / max(1e-9, 1 - m["padding_fraction"]) for m in ms)
         res[name] = {"real_token_fraction": real / batch_tokens, "real_tokens_per_s": real / secs,
                      "real_tokens_per_step": real / len(ms), "seconds_per_step": secs / len(ms)}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=2))
-    print(json.dumps(res, indent=2))
-    return 0
+    return write_result(a.out, res)
 
 
 if __name__ == "__main__":

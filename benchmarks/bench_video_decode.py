@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _util import write_result  # benchmarks/_util.py: the script's folder is on sys.path
 from paravt.core import video as V
 from paravt.data.synthetic import WorldConfig, make_spec, write_video
 
@@ -47,10 +47,7 @@ def main(argv=None) -> int:
         res["overview_K64_pyav"] = {"seconds": t, "frames_per_s": n / t}
     finally:
         V._decord_reader = orig
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=2))
-    print(json.dumps(res, indent=2))
-    return 0
+    return write_result(a.out, res)
 
 
 if __name__ == "__main__":

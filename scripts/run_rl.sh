@@ -6,9 +6,8 @@
 # torchrun restarts crashed workers (MAX_RESTARTS, default 3); resume=auto continues from the
 # newest complete checkpoint, so only the step in flight is lost.  Settings: python -m paravt.rl.train --help
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/_common.sh" rl
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" rl  # sets PARAVT_ROOT, the venv, .secrets.env
+cd "$PARAVT_ROOT"
 script_help "${BASH_SOURCE[0]}" paravt.rl.train "$@"
 RECIPE="${1:-configs/rl/tiny.yaml}"; shift || true
 MAX_RESTARTS="${MAX_RESTARTS:-3}"

@@ -5,9 +5,8 @@
 #   CPU:       bash scripts/run_sft.sh configs/sft/tiny.yaml                  (NPROC=2 for two gloo processes)
 # Settings: python -m paravt.sft.train --help
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/_common.sh" sft
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" sft  # sets PARAVT_ROOT, the venv, .secrets.env
+cd "$PARAVT_ROOT"
 script_help "${BASH_SOURCE[0]}" paravt.sft.train "$@"
 RECIPE="${1:-configs/sft/tiny.yaml}"; shift || true
 if [[ -z "${NPROC:-}" ]]; then

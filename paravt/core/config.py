@@ -183,3 +183,10 @@ def parse_cli(schema: type[T], argv: list[str] | None, prog: str) -> T:
         print(f"{prog}: {' '.join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__}",
               file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def require(cfg: Any, **messages: str) -> None:
+    """Raise ``ValueError(message)`` for the first field of ``cfg`` left unset ("", "???", None, [])."""
+    for name, message in messages.items():
+        if getattr(cfg, name) in ("", "???", None) or getattr(cfg, name) == []:
+            raise ValueError(message)

@@ -94,11 +94,15 @@ def effects_table(out: Path, seed: int = 0, comparisons=None) -> str:
             shown = "yes" if r["lo"] > 0 else ("reversed" if r["hi"] < 0 else "no (interval contains 0)")
             lines.append(f"| {name} | {k} | {label} | {100 * r['delta']:+.1f} | [{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] | "
                          f"{r['b_better']} / {r['a_better']} of {r['n']} | {shown} |")
+    return md_table(["effect (B − A)", "K", "metric", "Δ (points)", "95% bootstrap interval",
+                     "questions B better / A better", "shown"], lines)
+
+
+def md_table(header: list[str], lines: list[str]) -> str:
+    """A Markdown table (header + separator + ``lines``); "" without lines."""
     if not lines:
         return ""
-    head = ["| effect (B − A) | K | metric | Δ (points) | 95% bootstrap interval | questions B better / A better | shown |",
-            "|---|---|---|---|---|---|---|"]
-    return "\n".join(head + lines) + "\n"
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *lines]) + "\n"
 
 
 def _gain(c: dict | None) -> str:
@@ -117,11 +121,8 @@ def probe_table(out: Path) -> str:
                      f"{100 * w.get('event', {}).get('colour_shape_acc', 0):.0f} | "
                      f"{res.get('features', {}).get('mean_abs_dlogit_pixels_zeroed', float('nan')):.3f} | "
                      f"{_gain(res.get('copying'))} |")
-    if not lines:
-        return ""
-    head = ["| checkpoint | colour acc, event ±6 s | colour acc, 2 s | empty window called empty | colour+shape, event | mean abs Δlogit, pixels zeroed | copying: repeat − first acc |",
-            "|---|---|---|---|---|---|---|"]
-    return "\n".join(head + lines) + "\n"
+    return md_table(["checkpoint", "colour acc, event ±6 s", "colour acc, 2 s", "empty window called empty",
+                     "colour+shape, event", "mean abs Δlogit, pixels zeroed", "copying: repeat − first acc"], lines)
 
 
 def curves_png(out: Path, arms=(("vanilla GRPO", "rl_vanilla"), ("PARA-GRPO", "rl_paragrpo")), keys=None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from paravt.agent.tools import CropConfig
+from paravt.core.config import require
 from paravt.engines.sglang import SGLangServerConfig
 from paravt.models.loading import resolve_dtype
 from paravt.rl.gating import DEFAULT_CHOICES
@@ -200,10 +201,8 @@ class RLConfig:
     logging: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self):
-        if self.model_path in ("", "???"):
-            raise ValueError("model_path is required (the SFT checkpoint directory)")
-        if not self.train_data:
-            raise ValueError("train_data: give at least one RL parquet")
+        require(self, model_path="model_path is required (the SFT checkpoint directory)",
+                train_data="train_data: give at least one RL parquet")
         if self.data_root:
             from pathlib import Path  # noqa: PLC0415
 

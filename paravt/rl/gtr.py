@@ -142,7 +142,8 @@ class OracleCorrector:
         if not path.exists():
             raise FileNotFoundError(f"gtr oracle: {path} not found (set gtr.world to the synthetic world folder)")
         world = json.loads(path.read_text())
-        self.cfg = WorldConfig(**world["config"])
+        known = set(WorldConfig.__dataclass_fields__)  # a world built by an older version may carry retired knobs
+        self.cfg = WorldConfig(**{k: v for k, v in world["config"].items() if k in known})
         self.colours, self.shapes = sorted(COLOURS), list(SHAPES)
         self.specs: dict[str, Any] = {}
         for vid, v in world["videos"].items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paravt.core.config import require
 from paravt.models.loading import resolve_dtype
 from paravt.sft.data import Shard, VideoSampling
 
@@ -76,10 +77,8 @@ class SFTConfig:
     logging: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self):
-        if self.model_path in ("", "???"):
-            raise ValueError("model_path is required (a save_pretrained directory or hub id)")
-        if not self.data:
-            raise ValueError("data: give at least one shard ({path: ..., name: ...})")
+        require(self, model_path="model_path is required (a save_pretrained directory or hub id)",
+                data="data: give at least one shard ({path: ..., name: ...})")
         self.data = [Shard(**d) if isinstance(d, dict) else d for d in self.data]
         if self.data_root:
             for sh in self.data:
