@@ -144,12 +144,12 @@ def curves_png(out: Path, arms=(("vanilla GRPO", "rl_vanilla"), ("PARA-GRPO", "r
     for ax in axes[len(keys):]:
         ax.axis("off")
     for ax, key in zip(axes, keys):
-        for name, rows in runs.items():
+        for label, rows in runs.items():
             pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             if pts:
                 xs, ys = zip(*pts)
                 sm = [sum(ys[max(0, i - 2): i + 1]) / len(ys[max(0, i - 2): i + 1]) for i in range(len(ys))]
-                ax.plot(xs, sm, label=name, lw=2)
+                ax.plot(xs, sm, label=label, lw=2)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
@@ -185,7 +185,7 @@ def gtr_report(out: Path, ks=(4, 64)) -> str:
         for k in ks:
             s = summary.get(f"{prefix}-K{k}", {}).get("image_url", {}).get("synthetic")
             if s:
-                rows.append(f"| {label} | {k} | {s['evaluated']} | {_cell(s, 'score')} | {_cell(s, 'format_compliance')} | "
+                rows.append(f"| {label} | {k} | {s.get('evaluated', '')} | {_cell(s, 'score')} | {_cell(s, 'format_compliance')} | "
                             f"{_cell(s, 'tool_usage_rate')} |")
     table = ["| run | K | questions | score | format compliance | tool use |", "|---|---|---|---|---|---|", *rows]
     effects = effects_table(out, comparisons=[("GTR − PARA-GRPO", "gtr", "paragrpo", k) for k in ks])

@@ -62,3 +62,25 @@ def test_effects_table_from_per_question_files(tmp_path):
     assert "| tools help at small K (SFT) | 4 | score | +75.0 |" in md and "30 / 0 of 40 | yes |" in md
     assert "| tools help at small K (SFT) | 4 | format compliance | +100.0 | [+100.0, +100.0] |" in md
     assert "PARA-GRPO" not in md  # rows that were not evaluated are left out
+
+
+def test_gtr_report_pairs_the_two_arms_and_reads_collapse_metrics(tmp_path):
+    from paravt.eval.report import gtr_report
+
+    for row, scores in (("paragrpo-K4", [0.0] * 40), ("gtr-K4", [1.0] * 10 + [0.0] * 30)):
+        d = tmp_path / "eval" / row / "image_url"
+        d.mkdir(parents=True)
+        d.joinpath("synthetic.jsonl").write_text("".join(
+            json.dumps({"id": f"q{i}", "score": s, "well_formed": True}) + "\n" for i, s in enumerate(scores)))
+    (tmp_path / "eval/summary_all.json").write_text(json.dumps({
+        "paragrpo-K4": {"image_url": {"synthetic": _summary(0.0, 1.0)}},
+        "gtr-K4": {"image_url": {"synthetic": _summary(0.25, 1.0)}}}))
+    for run, div in (("rl_para_observe", [0.9, 0.9, 0.5, 0.4, 0.3]), ("rl_gtr", [0.9, 0.9, 0.8, 0.8, 0.8])):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(
+            {"step": i + 1, "gtr/distinct_thought_fraction": v, "reward/acc": 0.1}) + "\n" for i, v in enumerate(div)))
+    md = gtr_report(tmp_path, ks=(4,))
+    assert "| GTR − PARA-GRPO | 4 | score | +25.0 |" in md and "10 / 0 of 40 | yes |" in md
+    assert "| PARA-GRPO | gtr/distinct_thought_fraction | 0.900 | 0.300 |" in md
+    assert "| PARA-GRPO+GTR | gtr/distinct_thought_fraction | 0.900 | 0.800 |" in md
+    assert (tmp_path / "gtr_report.md").read_text() == md and (tmp_path / "gtr_curves.png").stat().st_size > 1000
