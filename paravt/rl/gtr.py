@@ -130,8 +130,9 @@ class OracleCorrector:
     Known at a turn: the target event's visibility in the overview frames and in the frames of
     the crop windows executed before the turn (1 fps, ≤ 16 frames, as the sub-agents saw them).
     A thought is wrong when it (a) restates the question with another shape, (b) gives the
-    target shape another colour, (c) names a wrong option letter, or (d) says the target is
-    (not) visible in the overview when the frames say otherwise. Otherwise it is correct. The
+    target shape another colour, (c) names a wrong option letter, (d) says the target is (not)
+    visible in the overview when the frames say otherwise, or (e) reasons about another shape
+    (state-irrelevant). Otherwise it is correct. The
     correction is the expert's thought for the same state (see
     :func:`paravt.data.synthetic.traces.expert_trajectory`)."""
 
@@ -188,6 +189,9 @@ class OracleCorrector:
         for colour, shape in re.findall(rf"\b({'|'.join(self.colours)}) ({'|'.join(self.shapes)})\b", low):
             if shape == ev.shape and colour != ev.colour:
                 out.append(f"calls the {ev.shape} {colour} (it is {ev.colour})")
+        others = sorted({w for w in re.findall(rf"\b({'|'.join(self.shapes)})\b", low) if w != ev.shape})
+        if others and not (m and m.group(1) in others):  # (e) state-irrelevant: reasons about another shape
+            out.append(f"talks about the {', '.join(others)}, not the {ev.shape}")
         for colour in re.findall(rf"\bit is ({'|'.join(self.colours)})\b", low):
             if colour != ev.colour:
                 out.append(f"answers {colour} (it is {ev.colour})")
@@ -225,10 +229,13 @@ class OracleCorrector:
             n = len(_windows(spec.duration, self.cfg.coarse_window_s))
             return (f"{lead}{desc.capitalize()} is not visible in the overview frames. "
                     f"I will check {n} windows of the video in parallel.")
-        known = hits or seen
-        if known:
-            tail = "" if state.question_type == "tvg" else f" {_answer_sentence(q)}"
-            return f"{desc.capitalize()} is visible from {known[0]:.1f} to {known[-1]:.1f} seconds.{tail}"
+        tail = "" if state.question_type == "tvg" else f" {_answer_sentence(q)}"
+        if hits:
+            where = f"at {hits[0]:.1f} seconds" if len(hits) == 1 else f"from {hits[0]:.1f} to {hits[-1]:.1f} seconds"
+            return f"{desc.capitalize()} is visible {where}.{tail}"
+        if seen:
+            where = f"at {seen[0]:.1f} seconds" if len(seen) == 1 else f"from {seen[0]:.1f} to {seen[-1]:.1f} seconds"
+            return f"In the overview {desc} is visible {where}.{tail}"
         return f"{desc.capitalize()} was not found in the windows checked so far."
 
     async def judge(self, state: TurnState) -> Verdict:

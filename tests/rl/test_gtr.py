@@ -80,6 +80,13 @@ def test_oracle_judges_expert_thoughts_correct_and_swapped_ones_wrong(oracle):
             assert v.correction == thought  # turn 0: the correction is the expert's own thought, word for word
             n_shape += 1
     assert n_colour >= 5 and n_shape >= 5
+    # (e) a thought about another shape is state-irrelevant, even when what it says is true
+    st, thought = states[0]
+    spec, ev = oracle.target(st)
+    other = next(e for e in spec.events if e.shape != ev.shape) if len(spec.events) > 1 else None
+    shape = other.shape if other else next(s for s in oracle.shapes if s != ev.shape)
+    v = asyncio.run(oracle.judge(TurnState(**{**st.__dict__, "thought": f"The {shape} is visible in the overview frames."})))
+    assert v.correct is False and f"talks about the {shape}" in v.reason
 
 
 def test_oracle_leaves_malformed_turns_uncorrected(oracle):
