@@ -185,28 +185,6 @@ QUESTION_TYPES = ("mcq", "tvg", "oe")
 ACC_MODES = ("f1", "exact", "llm")
 
 
-def rule_accuracy(pred: str, gold, question_type: str, mode: str = "f1") -> float:
-    """Rule-based accuracy of an extracted answer (the paper's R_acc without the judge).
-
-    Exact match after normalisation scores 1 for every type; then ``mcq`` → letter match,
-    ``tvg`` → temporal IoU of the first span, otherwise ``f1`` → token F1, ``exact`` → 0.
-    ``llm`` mode is handled by the caller (it falls back to F1 here)."""
-    if question_type not in QUESTION_TYPES:
-        raise ValueError(f"unknown question_type {question_type!r} (expected one of {QUESTION_TYPES})")
-    if mode not in ACC_MODES:
-        raise ValueError(f"unknown accuracy mode {mode!r} (expected one of {ACC_MODES})")
-    gold_text = gold if isinstance(gold, str) else str(gold)
-    if pred and exact_match(pred, gold_text):
-        return 1.0
-    if question_type == "mcq":
-        return mcq_correct(pred, gold_text)
-    if question_type == "tvg":
-        return temporal_iou(extract_span(pred), parse_gold_span(gold))
-    if mode == "exact":
-        return 0.0
-    return token_f1(pred, gold_text)
-
-
 @dataclass
 class Score:
     """One completion scored against its gold answer."""
@@ -220,10 +198,11 @@ def score(completion: str, answer, question_type: str, mode: str = "f1",
           judge: Callable[[str, str], float] | None = None) -> Score:
     """THE scorer of a completion, shared by the RL reward (``rules: paravt``) and eval.
 
-    The answer is :func:`extract_answer`'s; an exact match after normalisation scores 1; then
-    ``mcq`` → letter match, ``tvg`` → temporal IoU of the first span in the answer (else in the
-    text after the last ``</think>``), ``oe`` → token F1 (``f1``), 0 (``exact``) or the
-    ``judge(pred, gold)`` verdict in {0, 0.5, 1} (``llm``; F1 when the judge fails or is absent)."""
+    The answer is :func:`extract_answer`'s. ``mcq`` → the option letter it commits to
+    (:func:`mcq_correct`); ``tvg`` → temporal IoU of the first span in the answer, else in the
+    text after the last ``</think>``; ``oe`` → 1 on an exact match after normalisation, else token
+    F1 (``f1``), 0 (``exact``) or the ``judge(pred, gold)`` verdict in {0, 0.5, 1} (``llm``; F1
+    when the judge fails or is absent)."""
     if question_type not in QUESTION_TYPES:
         raise ValueError(f"unknown question_type {question_type!r} (expected one of {QUESTION_TYPES})")
     if mode not in ACC_MODES:
@@ -232,13 +211,11 @@ def score(completion: str, answer, question_type: str, mode: str = "f1",
     gold_text = answer if isinstance(answer, str) else str(answer)
     if question_type == "tvg":
         span = extract_span(pred) or extract_span(completion.rsplit("</think>", 1)[-1])
-        if pred and exact_match(pred, gold_text):
-            return Score(pred, 1.0, span)
         return Score(pred, temporal_iou(span, parse_gold_span(answer)), span)
-    if pred and exact_match(pred, gold_text):
-        return Score(pred, 1.0)
     if question_type == "mcq":
         return Score(pred, mcq_correct(pred, gold_text))
+    if pred and exact_match(pred, gold_text):
+        return Score(pred, 1.0)
     if mode == "llm" and judge is not None:
         try:
             v = float(judge(pred, gold_text))

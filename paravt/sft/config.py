@@ -7,7 +7,7 @@ from pathlib import Path
 
 from paravt.core.config import require
 from paravt.models.loading import resolve_dtype
-from paravt.sft.data import Shard, VideoSampling
+from paravt.sft.data import Shard, VideoSamplingConfig
 
 
 @dataclass
@@ -71,7 +71,7 @@ class SFTConfig:
     attn_implementation: str | None = None  # None: flash_attention_2 on CUDA if installed, else sdpa
     gradient_checkpointing: bool = True  # recompute activations in backward (memory for time)
     resume: str = "auto"  # auto | never | <checkpoint dir>
-    video: VideoSampling = field(default_factory=VideoSampling)
+    video: VideoSamplingConfig = field(default_factory=VideoSamplingConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     logging: LogConfig = field(default_factory=LogConfig)

@@ -40,7 +40,7 @@ IGNORE = -100
 
 
 @dataclass
-class VideoSampling:
+class VideoSamplingConfig:
     fps: float = 1.0  # frames per second sampled from a video window
     max_frames: int = 64  # cap on frames per video
     min_frames: int = 1  # floor on frames per video
@@ -81,7 +81,7 @@ def _url(item: dict[str, Any], key: str) -> str:
     return v.get("url", "") if isinstance(v, dict) else str(v or "")
 
 
-def expand_media(messages: list[dict[str, Any]], video: VideoSampling) -> list[dict[str, Any]]:
+def expand_media(messages: list[dict[str, Any]], video: VideoSamplingConfig) -> list[dict[str, Any]]:
     """Replace video_url / image_url items by frames-as-images (+ timestamps) / images."""
     out = []
     for m in messages:
@@ -163,7 +163,7 @@ def tokenize_conversation(processor, messages: list[dict[str, Any]]) -> Example:
 class ExampleBuilder:
     """SFTRow → Example, with the reasons rows are skipped counted."""
 
-    def __init__(self, processor, video: VideoSampling, max_length: int):
+    def __init__(self, processor, video: VideoSamplingConfig, max_length: int):
         self.processor, self.video, self.max_length = processor, video, max_length
         self.skipped: Counter = Counter()
 
@@ -359,6 +359,6 @@ def padding_stats(examples: list[Example], packed: bool, max_length: int) -> dic
             "fill_of_max_length": real / max_length if packed else float("nan")}
 
 
-__all__ = ["Example", "ExampleBuilder", "IGNORE", "PackedStream", "Shard", "SkipRow", "StreamState", "VideoSampling",
+__all__ = ["Example", "ExampleBuilder", "IGNORE", "PackedStream", "Shard", "SkipRow", "StreamState", "VideoSamplingConfig",
            "MissingShardError", "collate_packed", "collate_padded", "epoch_order", "expand_media", "load_manifest", "padding_stats",
            "tokenize_conversation"]

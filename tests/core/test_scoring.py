@@ -1,7 +1,7 @@
 import pytest
 
 from paravt.core.scoring import (extract_answer, extract_mcq_letter, extract_span, mcq_correct, normalize_answer,
-                                 recall_at, rule_accuracy, temporal_iou, token_f1)
+                                 recall_at, score, temporal_iou, token_f1)
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -57,16 +57,19 @@ def test_iou_and_recall():
     assert r == {"R@0.3": 0.75, "R@0.5": 0.5, "R@0.7": 0.25}
 
 
-def test_rule_accuracy_per_type():
-    assert rule_accuracy("B", "B", "mcq") == 1.0
-    assert rule_accuracy("Option B", "B", "mcq") == 1.0
-    assert rule_accuracy("C", "B", "mcq") == 0.0
-    assert rule_accuracy("[10, 20]", "[15.0, 20.0]", "tvg") == pytest.approx(0.5)
-    assert rule_accuracy("[10, 20]", [15, 20], "tvg") == pytest.approx(0.5)
-    assert rule_accuracy("The red one", "red", "oe", "exact") == 0.0
-    assert rule_accuracy("the Red!", "red", "oe", "exact") == 1.0
-    assert rule_accuracy("red one", "red", "oe", "f1") == pytest.approx(2 / 3)
+def test_score_per_type():
+    a = lambda x: f"<think>\nchecked the frames\n</think>\n<answer>{x}</answer>"  # noqa: E731
+    assert score(a("B"), "B", "mcq").value == 1.0
+    assert score(a("Option B"), "B", "mcq").value == 1.0
+    assert score(a("C"), "B", "mcq").value == 0.0
+    assert score(a("[10, 20]"), "[15.0, 20.0]", "tvg").value == pytest.approx(0.5)
+    assert score(a("[10, 20]"), [15, 20], "tvg").value == pytest.approx(0.5)
+    assert score(a("The red one"), "red", "oe", "exact").value == 0.0
+    assert score(a("the Red!"), "red", "oe", "exact").value == 1.0
+    assert score(a("red one"), "red", "oe", "f1").value == pytest.approx(2 / 3)
+    assert score(a("red one"), "red", "oe", "llm", judge=lambda p, g: 0.5).value == 0.5
+    assert score(a("red one"), "red", "oe", "llm", judge=lambda p, g: 1 / 0).value == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="question_type"):
-        rule_accuracy("x", "y", "essay")
+        score("x", "y", "essay")
     with pytest.raises(ValueError, match="mode"):
-        rule_accuracy("x", "y", "oe", "bleu")
+        score("x", "y", "oe", "bleu")

@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from paravt.core.toolcall import parse_tool_calls
-from paravt.core.scoring import rule_accuracy, extract_answer
+from paravt.core.scoring import score
 from paravt.data.schema import RowError, RLRow, load_rl_rows, load_sft_rows
 from paravt.data.synthetic import WorldConfig, build_world, make_spec
 
@@ -83,7 +83,7 @@ def test_expert_answers_score_well(world):
             continue
         final = json.loads(r["messages"])[-1]["content"][0]["text"]
         ex = rl[r["id"]]
-        accs.append(rule_accuracy(extract_answer(final), ex["answer"], ex["question_type"]))
+        accs.append(score(final, ex["answer"], ex["question_type"]).value)
     assert min(accs) > 0.5 and sum(accs) / len(accs) > 0.9
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from paravt.data.schema import load_sft_rows
-from paravt.sft.data import (IGNORE, ExampleBuilder, PackedStream, SkipRow, StreamState, VideoSampling,
+from paravt.sft.data import (IGNORE, ExampleBuilder, PackedStream, SkipRow, StreamState, VideoSamplingConfig,
                              collate_packed, collate_padded, tokenize_conversation)
 
 
@@ -20,7 +20,7 @@ def _main_rows(rows):
 def test_labels_cover_exactly_the_assistant_turns(tiny, rows):
     _, proc = tiny
     tok = proc.tokenizer
-    b = ExampleBuilder(proc, VideoSampling(), 8192)
+    b = ExampleBuilder(proc, VideoSamplingConfig(), 8192)
     multi = next(r for r in _main_rows(rows) if sum(m["role"] == "assistant" for m in r.messages) >= 2)
     ex = b(multi)
     # supervised spans, in order
@@ -47,7 +47,7 @@ def test_labels_cover_exactly_the_assistant_turns(tiny, rows):
 def test_subagent_rows_supervise_the_summary(tiny, rows):
     _, proc = tiny
     sub = next(r for r in rows if r.messages[0]["role"] == "user")
-    ex = ExampleBuilder(proc, VideoSampling(), 8192)(sub)
+    ex = ExampleBuilder(proc, VideoSamplingConfig(), 8192)(sub)
     sup = proc.tokenizer.decode([t for t, lab in zip(ex.input_ids, ex.labels) if lab != IGNORE])
     assert sup == sub.messages[1]["content"][0]["text"] + "<|im_end|>"
     assert 1 <= len(ex.images) <= 16
@@ -55,7 +55,7 @@ def test_subagent_rows_supervise_the_summary(tiny, rows):
 
 def test_packed_loss_equals_padded_loss(tiny, rows):
     model, proc = tiny
-    b = ExampleBuilder(proc, VideoSampling(), 8192)
+    b = ExampleBuilder(proc, VideoSamplingConfig(), 8192)
     exs = [b(r) for r in rows[:5]]
     itid = model.config.image_token_id
 
@@ -73,7 +73,7 @@ def test_packed_loss_equals_padded_loss(tiny, rows):
 
 def test_stream_is_deterministic_and_resumable(tiny, rows):
     _, proc = tiny
-    b = ExampleBuilder(proc, VideoSampling(), 1500)
+    b = ExampleBuilder(proc, VideoSamplingConfig(), 1500)
 
     def take(stream, n):
         return [[e.row for e in stream.next_batch()] for _ in range(n)]
@@ -89,7 +89,7 @@ def test_stream_is_deterministic_and_resumable(tiny, rows):
 
 def test_skips_are_counted(tiny, rows, tmp_path):
     _, proc = tiny
-    b = ExampleBuilder(proc, VideoSampling(), 400)  # most main rows are longer than 400 tokens
+    b = ExampleBuilder(proc, VideoSamplingConfig(), 400)  # most main rows are longer than 400 tokens
     long_row = max(_main_rows(rows)[:10], key=lambda r: len(json.dumps(r.messages)))
     with pytest.raises(SkipRow, match="longer than max_length"):
         b(long_row)
