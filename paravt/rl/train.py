@@ -242,7 +242,7 @@ class RLTrainer:
             out["ppo/entropy_think"] = g["ent_think"] / g["n_think"]
         if g["n_action"]:
             out["ppo/entropy_action"] = g["ent_action"] / g["n_action"]
-        if self.gtr is not None:
+        if self.gtr is not None and cfg.gtr.mode == "train":  # observe mode has no NLL term
             out["gtr/nll"] = g["sft_nll"] / g["sft_tokens"] if g["sft_tokens"] else 0.0
             out["gtr/sft_tokens"] = g["sft_tokens"]
         return out
