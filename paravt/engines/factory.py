@@ -93,6 +93,8 @@ def start_hf_server(model: str, dtype: str = "float32", port: int | None = None,
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     proc = subprocess.Popen([sys.executable, "-m", "paravt.engines.hf_server", "--model", str(model),
                              "--port", str(port), "--dtype", dtype], stdout=out, stderr=subprocess.STDOUT)
+    if log_file:
+        out.close()  # the child holds its own descriptor
     url = f"http://127.0.0.1:{port}"
 
     def tail() -> str:

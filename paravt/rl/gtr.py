@@ -166,9 +166,9 @@ class OracleCorrector:
         return [t for t in times if ev.visible_at(t)]
 
     def _crop_times(self, spec, s: float, e: float) -> list[float]:
-        from paravt.core.video import crop_timestamps  # noqa: PLC0415
+        from paravt.data.synthetic.traces import crop_times  # noqa: PLC0415
 
-        return crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, self.cfg.crop_max_frames)
+        return crop_times(spec, s, e, self.cfg)
 
     def _options(self, state: TurnState) -> list[str] | None:
         if state.question_type != "mcq":

@@ -17,6 +17,11 @@ from paravt.core.video import crop_timestamps, overview_timestamps
 from paravt.data.synthetic.world import QUESTION_TYPES, VideoSpec, WorldConfig, make_question, make_spec, restate
 
 
+def crop_times(spec: VideoSpec, s: float, e: float, cfg: WorldConfig) -> list[float]:
+    """Frame times a sub-agent sees for the crop [s, e] (1 fps, at most ``cfg.crop_max_frames``)."""
+    return crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, cfg.crop_max_frames)
+
+
 def _answer_sentence(q: dict[str, Any]) -> str:
     if q["question_type"] == "mcq":
         return f"It is {q['colour']}, option {q['answer']}."
@@ -73,7 +78,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         return format_tool_call("crop_video", {"video_path": spec.name, "start_time": s, "end_time": e})
 
     def crop_response(s: float, e: float) -> tuple[str, list[float]]:
-        ts = crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, cfg.crop_max_frames)
+        ts = crop_times(spec, s, e, cfg)
         return describe_window(spec, ts), [t for t in ts if ev.visible_at(t)]
 
     def fine_round(centre_lo: float, centre_hi: float, why: str) -> None:
@@ -157,7 +162,7 @@ def sft_main_messages(spec: VideoSpec, q: dict[str, Any], k: int, traj: dict[str
 
 
 def sft_subagent_messages(spec: VideoSpec, s: float, e: float, cfg: WorldConfig) -> list[dict[str, Any]]:
-    ts = crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, cfg.crop_max_frames)
+    ts = crop_times(spec, s, e, cfg)
     return [
         {"role": "user", "content": [
             {"type": "video_url", "video_url": {"url": spec.rel_path}, "video_start": s, "video_end": e,
@@ -197,7 +202,7 @@ def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | 
     q = make_question(spec, ev, r.choice(QUESTION_TYPES), r)
     reports, hits = [], []
     for s, e in _windows(spec.duration, cfg.coarse_window_s):
-        ts = crop_timestamps(spec.num_frames, spec.fps, s, e, 1.0, 1, cfg.crop_max_frames)
+        ts = crop_times(spec, s, e, cfg)
         reports.append(f"[{s:.1f}-{e:.1f} s] {describe_window(spec, ts)}")
         hits += [t for t in ts if ev.visible_at(t)]
     if not hits:
