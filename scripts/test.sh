@@ -3,6 +3,8 @@
 # Extra arguments go to pytest, e.g. bash scripts/test.sh -m slow
 #   bash scripts/test.sh --conformance   the conformance group in .venv-conformance: our SGLang and
 #                                        OpenAI request bodies checked with the pinned servers' own code
+#   bash scripts/test.sh --real-server   the real-server group: a real vLLM server (CPU build, .venv-vllm)
+#                                        serving a tiny SFT checkpoint, the eval driver against it
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -13,4 +15,9 @@ if [[ "${1:-}" == "--conformance" ]]; then
   PARAVT_CONFORMANCE=1 exec .venv-conformance/bin/python -m pytest tests/conformance -m conformance "$@"
 fi
 bash "$ROOT/scripts/setup_env.sh" cpu
+if [[ "${1:-}" == "--real-server" ]]; then
+  shift
+  bash "$ROOT/scripts/setup_env.sh" vllm
+  PARAVT_REAL_SERVER=1 exec .venv-cpu/bin/python -m pytest tests/real_server -m real_server "$@"
+fi
 exec .venv-cpu/bin/python -m pytest "$@"

@@ -212,6 +212,8 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
         if out.error:
             traj.end_reason, traj.error = "error", out.error
             break
+        if is_chat and turn == 0 and conv.served_prompts:
+            traj.served_prompt_ids = conv.served_prompts[0]
         rec = TurnRecord(turn, prefix + out.text, len(out.token_ids), out.finish_reason,
                          generate_seconds=out.seconds, weight_version=out.weight_version,
                          context_len=context_len, prefix=prefix)
@@ -244,7 +246,7 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
         rec.tools_seconds = time.perf_counter() - t0
         for call, res in zip(calls, results):
             rec.calls.append(ToolCallRecord(call.name, call.arguments, res.ok, res.window, res.error, res.clamped,
-                                            res.text, res.seconds))
+                                            res.text, res.seconds, res.fault))
             if res.subagent is not None:
                 traj.subagents.append(res.subagent)
         responses: list[dict[str, Any]] = [{"role": "tool", "content": r.content} for r in results]
@@ -270,4 +272,4 @@ async def _execute(call, tools: dict[str, Tool], ctx: ToolContext) -> ToolResult
         return await tool.execute(call, ctx)
     except Exception as exc:  # noqa: BLE001 - a tool bug must not kill the episode
         log.exception("tool %s crashed", call.name)
-        return tool.error(f"{type(exc).__name__}: {exc}", time.perf_counter())
+        return tool.error(f"{type(exc).__name__}: {exc}", time.perf_counter(), fault=True)

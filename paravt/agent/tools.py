@@ -21,7 +21,7 @@ from paravt.agent.trajectory import SequenceRecord, SubAgentTrajectory
 from paravt.core import prompts
 from paravt.core.toolcall import CROP_VIDEO_SCHEMA, ToolCall, is_number
 from paravt.core.video import VideoError, sample_crop
-from paravt.engines.base import SamplingParams
+from paravt.engines.base import ChatEngine, SamplingParams
 
 TOOL_REGISTRY: dict[str, type["Tool"]] = {}
 
@@ -62,6 +62,10 @@ class ToolResult:
     clamped: bool = False
     subagent: SubAgentTrajectory | None = None
     seconds: float = 0.0
+    # True when the call failed for a reason outside the model's control (the sub-agent's engine or
+    # server, a video that does not decode, a tool bug): the episode goes on with the error text,
+    # but the sample is counted as lost by eval and RL. A bad call the model wrote is not a fault.
+    fault: bool = False
 
 
 class Tool(abc.ABC):
@@ -72,9 +76,9 @@ class Tool(abc.ABC):
     async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
         ...
 
-    def error(self, message: str, t0: float) -> ToolResult:
+    def error(self, message: str, t0: float, fault: bool = False) -> ToolResult:
         text = prompts.tool_error_text(message) if self.name == "crop_video" else f"[Error: {self.name} failed: {message}]"
-        return ToolResult(False, text, text, error=message, seconds=time.perf_counter() - t0)
+        return ToolResult(False, text, text, error=message, seconds=time.perf_counter() - t0, fault=fault)
 
 
 @dataclass
@@ -143,8 +147,8 @@ class CropVideo(Tool):
         try:
             frames = await asyncio.to_thread(sample_crop, ctx.video_path, start, end, c.fps, c.min_frames,
                                              c.max_frames, c.factor, c.min_pixels, c.max_pixels)
-        except VideoError as exc:
-            return self.error(str(exc), t0)
+        except VideoError as exc:  # the episode's own video: not the model's mistake
+            return self.error(str(exc), t0, fault=True)
         if c.mode == "frames":
             note = f"{len(frames)} frame(s) from {start:.1f} to {end:.1f} seconds."
             content = prompts.frames_content(frames) + [{"type": "text", "text": note}]
@@ -152,9 +156,9 @@ class CropVideo(Tool):
         try:
             sub = await asyncio.wait_for(self._subagent(frames, start, end, ctx), timeout=c.subagent_timeout_s)
         except asyncio.TimeoutError:
-            return self.error(f"sub-agent timed out after {c.subagent_timeout_s:g} s", t0)
+            return self.error(f"sub-agent timed out after {c.subagent_timeout_s:g} s", t0, fault=True)
         if sub.finish_reason == "error":
-            return self.error(f"sub-agent engine error: {sub.text}", t0)
+            return self.error(f"sub-agent engine error: {sub.text}", t0, fault=True)
         text = sub.text.strip() or "(no description)"
         if sub.finish_reason == "length":
             text = prompts.truncate_note(text)
@@ -162,15 +166,25 @@ class CropVideo(Tool):
                           seconds=time.perf_counter() - t0)
 
     async def _subagent(self, frames, start: float, end: float, ctx: ToolContext) -> SubAgentTrajectory:
-        """One weight-sharing sub-agent: crop frames + summary prompt → a factual summary."""
+        """One weight-sharing sub-agent: crop frames + summary prompt → a factual summary, on the
+        main agent's own engine: token ids on a token engine (in-process, SGLang), the same
+        messages through the chat API on a chat engine (an OpenAI-compatible server)."""
         from paravt.models.tokenize import encode_prompt  # noqa: PLC0415
         from paravt.core.seeding import stable_hash  # noqa: PLC0415
 
         messages = [{"role": "user", "content": prompts.frames_content(frames)
                      + [{"type": "text", "text": "\n" + prompts.subagent_prompt(start, end)}]}]
-        ids, images = await asyncio.to_thread(encode_prompt, ctx.processor, messages)
         params = SamplingParams(temperature=self.cfg.subagent_temperature, max_new_tokens=self.cfg.subagent_max_tokens,
                                 seed=stable_hash(ctx.seed, "subagent", ctx.turn, ctx.call_index))
+        if isinstance(ctx.engine, ChatEngine):
+            out = await ctx.engine.chat(messages, params)
+            seq = SequenceRecord()
+            if out.error:
+                return SubAgentTrajectory((ctx.turn, ctx.call_index), seq, out.error, "error")
+            seq.add(out.prompt_token_ids or [], "context")  # the server's ids when it returns them
+            seq.add(out.token_ids, "policy", out.logprobs)
+            return SubAgentTrajectory((ctx.turn, ctx.call_index), seq, out.text or "", out.finish_reason)
+        ids, images = await asyncio.to_thread(encode_prompt, ctx.processor, messages)
         out = await ctx.engine.generate(ids, images, params)
         seq = SequenceRecord(images=images)
         seq.add(ids, "context")

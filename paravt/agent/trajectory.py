@@ -94,6 +94,7 @@ class ToolCallRecord:
     clamped: bool = False
     response: str = ""
     seconds: float = 0.0
+    fault: bool = False  # failed outside the model's control (engine, server, video, tool bug): the sample is lost
 
 
 @dataclass
@@ -136,11 +137,20 @@ class Trajectory:
     seconds: float = 0.0
     overview_times: list[float] = field(default_factory=list)  # timestamps of the K overview frames
     duration: float | None = None
+    served_prompt_ids: list[int] | None = None  # chat engines: the first prompt as the server tokenised it
 
     @property
     def completion_text(self) -> str:
         """The scored text: the main agent's turns as written (forced ``<think>\\n`` prefix included)."""
         return "\n".join(t.text for t in self.turns)
+
+    @property
+    def faults(self) -> list[str]:
+        """Why the episode lost work outside the model's control: an engine error that ended it,
+        then every tool call that failed for such a reason (``ToolCallRecord.fault``). Empty for a
+        clean episode, however badly the model wrote its calls."""
+        out = [self.error] if self.end_reason == "error" and self.error else []
+        return out + [f"{c.name}: {c.error}" for t in self.turns for c in t.calls if c.fault]
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -151,6 +161,7 @@ class Trajectory:
             "tool_calls": len(calls),
             "tool_calls_ok": sum(c.ok for c in calls),
             "tool_errors": sum(not c.ok for c in calls),
+            "tool_faults": sum(c.fault for c in calls),
             "parse_errors": sum(len(t.parse_errors) for t in self.turns),
             "dropped_calls": sum(t.dropped_calls for t in self.turns),
             "clamped_calls": sum(c.clamped for c in calls),
@@ -179,7 +190,8 @@ class Trajectory:
             "turns": [{"index": t.index, "text": t.text, "finish_reason": t.finish_reason,
                        "parse_errors": t.parse_errors, "dropped_calls": t.dropped_calls,
                        "calls": [{"name": c.name, "arguments": c.arguments, "ok": c.ok, "window": c.window,
-                                  "error": c.error, "clamped": c.clamped, "response": c.response} for c in t.calls]}
+                                  "error": c.error, "clamped": c.clamped, "response": c.response, "fault": c.fault}
+                                 for c in t.calls]}
                       for t in self.turns],
             "images": f"<{len(self.main.images or [])} frame(s) omitted>",
             "stats": self.stats,

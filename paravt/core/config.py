@@ -177,11 +177,20 @@ def parse_cli(schema: type[T], argv: list[str] | None, prog: str) -> T:
     if bad:
         print(f"{prog}: arguments must be key=value overrides, got {bad} (--help lists the settings)", file=sys.stderr)
         raise SystemExit(2)
+    import yaml  # noqa: PLC0415
+    from hydra.errors import HydraException  # noqa: PLC0415
+
     try:
         return load_config(schema, recipe, argv)
-    except (ValueError, KeyError, TypeError, FileNotFoundError, OmegaConfBaseException) as exc:
-        print(f"{prog}: {' '.join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__}",
-              file=sys.stderr)
+    except yaml.YAMLError as exc:  # the recipe is not YAML: the parser's own position, on one line
+        print(f"{prog}: {recipe}: not valid YAML: {' '.join(str(exc).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (ValueError, KeyError, TypeError, FileNotFoundError, OmegaConfBaseException, HydraException) as exc:
+        msg = ' '.join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__
+        key = getattr(exc, "full_key", None)
+        if key and key not in msg:
+            msg = f"{key}: {msg}"
+        print(f"{prog}: {(recipe + ': ') if recipe and key else ''}{msg}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

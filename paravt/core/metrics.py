@@ -28,10 +28,8 @@ class MetricsLogger:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and self.path.exists():
-            keep = [ln for ln in self.path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", -1) < resume_step]
-            self.path.write_text("".join(k + "\n" for k in keep))
+        if resume_step is not None:
+            trim_jsonl(self.path, lambda r: r.get("step", -1) < resume_step)
         if wandb_project:
             mode = os.environ.get("WANDB_MODE") or wandb_mode or "offline"
             try:
@@ -46,8 +44,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         rec = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        append_jsonl(self.path, [rec])
         if self._wandb is not None:
             try:
                 self._wandb.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=step)
@@ -70,11 +67,70 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+# ---------------------------------------------------------------------------------------------
+# Append-only JSONL outputs (metrics, RL trajectories, eval results): strict JSON, whole lines,
+# tolerant readers. A kill -9 can tear at most the last line; readers drop it with a warning.
+# ---------------------------------------------------------------------------------------------
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, ±Infinity) replaced by its text, so that
+    ``json.dumps(..., allow_nan=False)`` writes standard JSON that every reader (browsers too) parses."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def json_line(obj: Any) -> str:
+    return json.dumps(strict_json(obj), allow_nan=False, default=str) + "\n"
+
+
+def append_jsonl(path: str | Path, records: Iterable[Any]) -> None:
+    """Append whole lines and fsync them (a crash leaves at most a torn last line, never a lost one)."""
+    data = "".join(json_line(r) for r in records)
+    if not data:
+        return
+    with open(path, "a") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file; a line that does not parse (torn by a crash) is dropped with a warning."""
     p = Path(path)
     if not p.exists():
         return []
-    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+    out, bad = [], []
+    for i, ln in enumerate(p.read_text(errors="replace").splitlines(), 1):
+        if not ln.strip():
+            continue
+        try:
+            out.append(json.loads(ln))
+        except json.JSONDecodeError:
+            bad.append(i)
+    if bad:
+        log.warning("%s: dropped %d unreadable line(s) (torn by a crash?): line %s", p, len(bad),
+                    ", ".join(map(str, bad[:5])))
+    return out
+
+
+def trim_jsonl(path: str | Path, keep) -> int:
+    """Rewrite ``path`` (atomically) with the records for which ``keep(record)`` is true; torn lines
+    go too. Used on resume so a redone step replaces its records instead of doubling them.
+    Returns the number of records dropped."""
+    p = Path(path)
+    if not p.exists():
+        return 0
+    recs = read_jsonl(p)
+    kept = [r for r in recs if isinstance(r, dict) and keep(r)]
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text("".join(json_line(r) for r in kept))
+    os.replace(tmp, p)
+    return len(recs) - len(kept)
 
 
 def plot_curves(jsonl: str | Path, keys: Iterable[str], out_png: str | Path, title: str = "",

@@ -66,13 +66,24 @@ class ParseResult:
         return bool(self.calls)
 
 
+MAX_BLOCK_CHARS = 4096  # a longer call block is an error, not parsed (bounds the regex work on degenerate text)
+
+
 def parse_time(value: Any) -> Any:
-    """Float seconds from a number or a time string; the value unchanged when not a time."""
+    """Float seconds from a number or a time string; the value unchanged when not a time. A number
+    that is not a finite float (NaN, ±Infinity, 1e309, a 400-digit integer) becomes its text, so
+    validation rejects it with a clear message and every record stays strict JSON."""
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)):
-        return float(value)
+        try:
+            f = float(value)
+        except OverflowError:
+            return _short(str(value), 40)
+        return f if math.isfinite(f) else str(value)
     if not isinstance(value, str):
+        return value
+    if len(value) > 64:
         return value
     m = _CLOCK_RE.match(value)
     if m:
@@ -80,16 +91,22 @@ def parse_time(value: Any) -> Any:
         return hours * 3600 + float(m.group(2)) * 60 + float(m.group(3))
     m = _SECONDS_RE.match(value)
     if m:
-        return float(m.group(1))
+        f = float(m.group(1))
+        return f if math.isfinite(f) else value
     return value
 
 
 def _normalise_arguments(args: dict[str, Any]) -> dict[str, Any]:
-    out = dict(args)
+    out = {k: _finite_or_text(v) for k, v in args.items()}
     for key in TIME_KEYS:
         if key in out:
             out[key] = parse_time(out[key])
     return out
+
+
+def _finite_or_text(v: Any) -> Any:
+    """NaN / ±Infinity (json.loads accepts them, json.dumps would write invalid JSON) become text."""
+    return str(v) if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def _call_from_obj(obj: Any, raw: str) -> ToolCall:
@@ -132,16 +149,23 @@ def _parse_json_blocks(text: str, result: ParseResult) -> None:
         if not body:
             result.errors.append("empty <tool_call> block")
             continue
+        if len(body) > MAX_BLOCK_CHARS:
+            result.errors.append(f"<tool_call> block of {len(body)} characters (max {MAX_BLOCK_CHARS}): {_short(body)}")
+            continue
         body = re.sub(r"^```(?:json)?\s*|\s*```$", "", body)
         try:
             obj = _loads_lenient(body)
             objs = obj if isinstance(obj, list) else [obj]
             if not objs:
                 raise ValueError("empty list")
-            for o in objs:
-                result.calls.append(_call_from_obj(o, body))
-        except (ValueError, TypeError, RecursionError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure is this block's, never the turn's
             result.errors.append(f"invalid <tool_call> JSON ({exc}): {_short(body)}")
+            continue
+        for o in objs:  # each call fails alone: a bad one never drops the valid ones after it
+            try:
+                result.calls.append(_call_from_obj(o, body))
+            except Exception as exc:  # noqa: BLE001
+                result.errors.append(f"invalid <tool_call> JSON ({exc}): {_short(body)}")
 
 
 def _literal(node: ast.AST) -> Any:
@@ -207,9 +231,12 @@ def _parse_code_blocks(text: str, result: ParseResult) -> None:
         if not body.strip():
             result.errors.append("empty <tool_code> block")
             continue
+        if len(body) > MAX_BLOCK_CHARS:
+            result.errors.append(f"<tool_code> block of {len(body)} characters (max {MAX_BLOCK_CHARS}): {_short(body)}")
+            continue
         try:
             result.calls.append(_parse_python_call(body))
-        except ValueError as exc:
+        except Exception as exc:  # noqa: BLE001 - this block's failure, never the turn's
             # One call per line is accepted too (``crop_video(...)\ncrop_video(...)``).
             lines = [ln for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("#")]
             if len(lines) < 2:
@@ -218,13 +245,16 @@ def _parse_code_blocks(text: str, result: ParseResult) -> None:
             for ln in lines:
                 try:
                     result.calls.append(_parse_python_call(ln))
-                except ValueError as exc_ln:
+                except Exception as exc_ln:  # noqa: BLE001
                     result.errors.append(f"invalid <tool_code> ({exc_ln}): {_short(ln)}")
 
 
 def _parse_zoom_blocks(text: str, result: ParseResult) -> None:
     for m in _VIDEO_ZOOM_RE.finditer(text):
         body = m.group(1).strip()
+        if len(body) > MAX_BLOCK_CHARS:
+            result.errors.append(f"<video_zoom> block of {len(body)} characters (max {MAX_BLOCK_CHARS}): {_short(body)}")
+            continue
         try:
             start = end = None
             try:
@@ -237,14 +267,14 @@ def _parse_zoom_blocks(text: str, result: ParseResult) -> None:
             elif isinstance(obj, list) and len(obj) == 2:
                 start, end = obj
             else:
-                pm = _PAIR_RE.search(body)
+                pm = _PAIR_RE.search(body) if len(body) <= 512 else None  # the pair regex is quadratic on digit runs
                 if pm:
                     start, end = pm.group(1), pm.group(2)
             if start is None or end is None:
                 raise ValueError("no start/end")
             args = _normalise_arguments({"start_time": start, "end_time": end})
             result.calls.append(ToolCall(name="crop_video", arguments=args, source="video_zoom", raw=body))
-        except (ValueError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001
             result.errors.append(f"invalid <video_zoom> ({exc}): {_short(body)}")
 
 

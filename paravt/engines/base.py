@@ -61,6 +61,7 @@ class GenerationOutput:
     text: str | None = None
     error: str | None = None
     latency_s: float = 0.0
+    prompt_token_ids: list[int] | None = None  # the prompt as the server tokenised it (chat servers that return it)
 
     def __post_init__(self):
         if len(self.token_ids) != len(self.logprobs):

@@ -9,7 +9,8 @@ kind           engine
 ``hf_server``  ``python -m paravt.engines.hf_server`` on a free localhost port (CPU/GPU), SGLang API
 ``sglang``     ``sglang.launch_server`` on the GPUs of ``server`` (:class:`SGLangServerConfig`)
 ``remote``     an SGLang-API server already running at ``url``
-``openai``     an OpenAI-compatible chat server at ``url``, or launched from ``server`` (eval)
+``openai``     an OpenAI-compatible chat server at ``url``, or launched from ``server`` (eval):
+               SGLang (:class:`SGLangServerConfig`) or vLLM (:class:`~paravt.engines.vllm.VLLMServerConfig`)
 =============  ==========================================================================
 """
 
@@ -114,8 +115,8 @@ def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32
     """Build (and, for server kinds, launch and health-check) the engine ``kind`` for ``model``.
 
     ``processor`` supplies the tokenizer ids token engines need (image pad, banned vision
-    tokens); ``server`` is an :class:`~paravt.engines.sglang.SGLangServerConfig` whose
-    ``model_path`` is set to ``model``."""
+    tokens); ``server`` is an :class:`~paravt.engines.sglang.SGLangServerConfig` (or, for
+    ``openai``, a :class:`~paravt.engines.vllm.VLLMServerConfig`) whose ``model_path`` is set to ``model``."""
     if kind not in KINDS:
         raise ValueError(f"engine kind must be one of {KINDS}, got {kind!r}")
     if kind == "hf":
@@ -125,9 +126,12 @@ def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32
     procs: list[Any] = []
     if kind in ("sglang", "openai") and server is not None:
         from paravt.engines.sglang import SGLangServer  # noqa: PLC0415
+        from paravt.engines.vllm import VLLMServer, VLLMServerConfig  # noqa: PLC0415
 
+        if isinstance(server, VLLMServerConfig) and kind != "openai":
+            raise ValueError("a vLLM server is an OpenAI-compatible chat server: use kind='openai'")
         server.model_path = str(model)
-        procs.append(SGLangServer(server).start())
+        procs.append((VLLMServer if isinstance(server, VLLMServerConfig) else SGLangServer)(server).start())
         url = server.url
     elif kind == "hf_server":
         proc, url = start_hf_server(model, dtype, log_file=log_file)

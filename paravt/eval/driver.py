@@ -120,7 +120,10 @@ def bootstrap_stderr(values: list[float], seed: int = 0, n_boot: int = 1000) -> 
 
 @dataclass
 class ServerConfig:
-    launch: str = "none"  # none | sglang
+    # none: use server.urls | sglang: launch SGLang (.venv-sglang) | vllm: launch vLLM (.venv-vllm; the
+    # launcher passes --served-model-name, --trust-request-mm-kwargs and --allowed-local-media-path, which
+    # the client needs for K on video_url and file:// videos)
+    launch: str = "none"
     urls: list[str] = field(default_factory=list)  # existing servers (round-robin)
     # The name sent in chat requests: None = the server's own (read from /v1/models). vLLM answers
     # 404 to any other name; launch vLLM with --served-model-name and, for file:// videos on the
@@ -133,7 +136,17 @@ class ServerConfig:
     base_port: int = 30000  # port of the first launched server
     gpus_per_replica: int = 1  # GPUs (tensor parallel) per server
     restart_between_datasets: bool = True  # a fresh server per split (long sessions dropped connections)
-    python: str = ".venv-sglang/bin/python"  # SGLang's venv interpreter
+    python: str | None = None  # the server's venv interpreter (null: .venv-sglang or .venv-vllm)
+    dtype: str | None = None  # serving dtype (null: bfloat16 for SGLang, auto for vLLM; float32 on a CPU vLLM)
+    enforce_eager: bool = False  # vLLM --enforce-eager (the CPU build needs it)
+    kv_cache_gb: int | None = None  # vLLM CPU build: VLLM_CPU_KVCACHE_SPACE (GiB)
+    extra_args: list[str] = field(default_factory=list)  # more server flags
+
+    def __post_init__(self):
+        if self.launch not in ("none", "sglang", "vllm"):
+            raise ValueError(f"server.launch must be none, sglang or vllm, got {self.launch!r}")
+        if self.replicas < 1 or self.gpus_per_replica < 1:
+            raise ValueError("server.replicas and server.gpus_per_replica must be >= 1")
 
 
 @dataclass
@@ -171,6 +184,9 @@ class EvalConfig:
     limit: int | None = None  # first N samples of each split (null: all)
     save_trajectory: bool = False  # keep every turn in the JSONL (frames replaced by a note)
     trajectory_thumbnails: int = 0  # with save_trajectory: keep the overview frames as JPEG thumbnails of this size (px)
+    # Lost samples (an engine, server, video or tool failure; not the model's own bad answers or calls)
+    # allowed per split before the run exits non-zero: 0.0 = any lost sample fails the run.
+    max_error_fraction: float = 0.0
     retries: int = 3  # retries of one server request after its first attempt (backoff 1, 2, 4 s); episodes are not retried
     dtype: str = "float32"  # in-process engine dtype
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -196,6 +212,18 @@ class EvalConfig:
             raise ValueError("channel=video_url needs a server that decodes video (backend=openai)")
         if not 0 <= self.shard_id < self.num_shards:
             raise ValueError(f"shard_id {self.shard_id} not in [0, num_shards={self.num_shards})")
+        bad = [f"{k}={getattr(self, k)}" for k, ok in (
+            ("nframes", self.nframes >= 1), ("max_turns", self.max_turns >= 0), ("max_parallel", self.max_parallel >= 1),
+            ("max_new_tokens", self.max_new_tokens >= 1), ("temperature", self.temperature >= 0),
+            ("concurrency", self.concurrency >= 1), ("retries", self.retries >= 0),
+            ("limit", self.limit is None or self.limit >= 1)) if not ok]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: need nframes, max_parallel, max_new_tokens, concurrency >= 1, "
+                             "max_turns, temperature, retries >= 0, limit >= 1 or null")
+        if not 0.0 <= self.max_error_fraction <= 1.0:
+            raise ValueError(f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}")
+        if not self.splits:
+            raise ValueError("splits is empty: name at least one split")
         unknown = [s for s in self.splits if s not in SPLITS]
         if unknown:
             raise ValueError(f"unknown splits {unknown}; known: {sorted(SPLITS)}")
@@ -224,6 +252,25 @@ def episode_config(cfg: EvalConfig, qtype: str) -> EpisodeConfig:
         if agentic and force else None)
 
 
+def served_video_frames(prompt_ids: list[int], processor, k: int, video: str) -> tuple[int, str | None]:
+    """Frames of the one overview video in a server's prompt (video_url channel), and the problem
+    when it is not the K that was asked (capped by the frames the file has). A Qwen3-VL server
+    expands the template's ``<|vision_start|><|video_pad|><|vision_end|>`` into one
+    ``<|vision_start|>…`` block per temporal group of ``temporal_patch_size`` frames."""
+    from paravt.core.video import probe  # noqa: PLC0415
+
+    tok = processor.tokenizer
+    groups = prompt_ids.count(tok.convert_tokens_to_ids("<|vision_start|>")) - 1
+    tps = int(getattr(processor.image_processor, "temporal_patch_size", 2) or 1)
+    frames = groups * tps
+    want = min(k + (-k) % tps, probe(video).num_frames + (-probe(video).num_frames) % tps)
+    if frames != want:
+        return frames, (f"the server gave the model {frames} overview frames, not K={k} (vLLM: launch with "
+                        "--trust-request-mm-kwargs; SGLang: one K per server, --mm-process-config / "
+                        "server.launch=sglang)")
+    return frames, None
+
+
 def score(sample: EvalSample, completion: str) -> dict[str, Any]:
     """The record fields of :func:`paravt.core.scoring.score` (``score``: correct for mcq/oe, IoU for tvg)."""
     sc = score_completion(completion, sample.answer, sample.question_type, "f1")
@@ -233,11 +280,13 @@ def score(sample: EvalSample, completion: str) -> dict[str, Any]:
 
 
 def summarize(records: list[dict[str, Any]], metric: str = "accuracy") -> dict[str, Any]:
-    done = [r for r in records if not r.get("missing_video") and not r.get("error")]
+    done = [r for r in records if not r.get("missing_video") and not r.get("error")]  # lost samples are not scored
     n = len(done)
     out: dict[str, Any] = {"n": len(records), "evaluated": n,
                            "missing_video": sum(bool(r.get("missing_video")) for r in records),
                            "errors": sum(bool(r.get("error")) for r in records)}
+    if out["errors"]:
+        out["first_error"] = next(str(r["error"]) for r in records if r.get("error"))[:500]
     cls = [r for r in done if r["question_type"] != "tvg"]
     tvg = [r for r in done if r["question_type"] == "tvg"]
     if cls:
@@ -295,24 +344,36 @@ class Evaluator:
             return
         handles = [build_engine("openai", cfg.model, url=u, model_name=cfg.server.model_name,
                                 max_retries=cfg.retries) for u in cfg.server.urls]
-        if cfg.server.launch == "sglang":
-            from paravt.engines.sglang import SGLangServerConfig  # noqa: PLC0415
+        if cfg.server.launch != "none":
             for i in range(cfg.server.replicas):
-                g = cfg.server.gpus_per_replica
-                scfg = SGLangServerConfig(python=cfg.server.python, port=cfg.server.base_port + i,
-                                          gpus=list(range(i * g, (i + 1) * g)), tp_size=g,
-                                          deterministic=cfg.server.deterministic,
-                                          served_model_name=cfg.server.model_name or cfg.row,
-                                          log_file=str(self.root / f"sglang_{i}.log"))
-                handles.append(build_engine("openai", cfg.model, server=scfg, model_name=cfg.server.model_name,
-                                            max_retries=cfg.retries))
+                handles.append(build_engine("openai", cfg.model, server=self._server_config(i),
+                                            model_name=cfg.server.model_name, max_retries=cfg.retries))
         if not handles:
-            raise ValueError("backend=openai needs server.urls or server.launch=sglang")
+            raise ValueError("backend=openai needs server.urls or server.launch=sglang|vllm")
         self.handles = handles
         self.engine = [h.engine for h in handles]
         if self.processor is None and cfg.model not in ("", "???") and Path(cfg.model).exists():
             from paravt.models.loading import load_processor  # noqa: PLC0415
             self.processor = load_processor(cfg.model)
+
+    def _server_config(self, i: int):
+        """Launch settings of replica ``i`` (``server.launch`` = sglang | vllm)."""
+        cfg, sv = self.cfg, self.cfg.server
+        g = sv.gpus_per_replica
+        common = dict(port=sv.base_port + i, gpus=list(range(i * g, (i + 1) * g)), tp_size=g,
+                      served_model_name=sv.model_name or cfg.row, extra_args=list(sv.extra_args),
+                      log_file=str(self.root / f"{sv.launch}_{i}.log"))
+        if sv.python:
+            common["python"] = sv.python
+        if sv.dtype:
+            common["dtype"] = sv.dtype
+        if sv.launch == "vllm":
+            from paravt.engines.vllm import VLLMServerConfig  # noqa: PLC0415
+            return VLLMServerConfig(enforce_eager=sv.enforce_eager, cpu_kvcache_space_gb=sv.kv_cache_gb, **common)
+        from paravt.engines.sglang import SGLangServerConfig  # noqa: PLC0415
+        # SGLang's Qwen-VL video path reads K only from the server's launch config (one K per server).
+        return SGLangServerConfig(deterministic=sv.deterministic, **common,
+                                  video_nframes=cfg.nframes if cfg.channel == "video_url" else None)
 
     def _stop_servers(self) -> None:
         for h in self.handles:
@@ -360,9 +421,16 @@ class Evaluator:
         except Exception as exc:  # noqa: BLE001 - one bad sample must not stop the run
             rec["error"] = f"{type(exc).__name__}: {exc}"
             return rec
-        if traj.end_reason == "error":
-            rec["error"] = traj.error
-            return rec
+        faults = traj.faults
+        if cfg.channel == "video_url" and traj.served_prompt_ids is not None and self.processor is not None:
+            rec["video_frames"], problem = served_video_frames(traj.served_prompt_ids, self.processor, cfg.nframes,
+                                                               s.video)
+            if problem:
+                faults = [problem] + faults
+        if faults:  # lost to the engine, server, video or a tool bug: an error, never a silent 0
+            rec["error"] = faults[0] + (f" (+{len(faults) - 1} more)" if len(faults) > 1 else "")
+            if traj.end_reason == "error":
+                return rec
         rec.update(score(s, traj.completion_text))
         rec.update({"tool_calls": traj.stats["tool_calls"], "turns": len(traj.turns), "end_reason": traj.end_reason,
                     "well_formed": episode_well_formed([t.text for t in traj.turns])
@@ -427,6 +495,11 @@ class Evaluator:
                     done[r["id"]] = r
                 except (json.JSONDecodeError, KeyError):
                     continue  # a line cut by a kill: that sample is redone
+            retry = [k for k, r in done.items() if r.get("error")]
+            for k in retry:  # samples lost to a server or tool failure are tried again
+                del done[k]
+            if retry:
+                print(f"[eval] {split}: retrying {len(retry)} sample(s) that failed in an earlier run", flush=True)
         todo = [(i, s) for i, s in enumerate(samples) if s.id not in done]
         cache = OverviewCache(max_items=64)
         sem = asyncio.Semaphore(cfg.concurrency)
@@ -451,6 +524,9 @@ class Evaluator:
         summary.update({"split": split, "row": cfg.row, "channel": cfg.channel, "prompt_mode": cfg.prompt_mode,
                         "nframes": cfg.nframes, "config": run_config})
         _atomic_json(self.root / f"{split}.json", summary)
+        if summary["errors"]:
+            print(f"[eval] {split}: LOST {summary['errors']} of {summary['n']} samples (engine, server, video or tool "
+                  f"failures; rerun to retry them); first: {summary['first_error']}", file=sys.stderr, flush=True)
         return summary
 
     def run(self) -> dict[str, Any]:
@@ -509,10 +585,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({k: {m: v.get(m) for m in ("accuracy", "mIoU", "avg_tool_calls", "tool_usage_rate", "evaluated",
-                                              "missing_video", "errors") if m in v} for k, v in results.items()},
+                                              "missing_video", "errors", "error") if m in v} for k, v in results.items()},
                      indent=2))
     print((Path(cfg.out) / "summary.md").read_text())
-    return 0
+    failed = lost_work(results, cfg.max_error_fraction)
+    for line in failed:
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def lost_work(results: dict[str, dict[str, Any]], max_error_fraction: float = 0.0) -> list[str]:
+    """One line per split that lost work: it did not run, or more of its samples failed (engine,
+    server, video or tool) than ``max_error_fraction`` allows."""
+    out = []
+    for split, r in results.items():
+        if "n" not in r:
+            out.append(f"{split}: did not run: {r.get('error', 'unknown error')}")
+        elif r.get("errors", 0) > max_error_fraction * r["n"]:
+            out.append(f"{split}: {r['errors']} of {r['n']} samples lost (max_error_fraction={max_error_fraction:g}); "
+                       f"first: {r.get('first_error')}")
+    return out
 
 
 if __name__ == "__main__":

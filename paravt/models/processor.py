@@ -10,6 +10,9 @@ processor. Importing this module registers the class with ``AutoProcessor``.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from transformers import AutoProcessor, PretrainedConfig
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
@@ -35,6 +38,36 @@ class ParaVTQwen3VLProcessor(Qwen3VLProcessor):
                 "(paravt.core.prompts.frames_content), not as a video tensor"
             )
         return super().__call__(images=images, text=text, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save as usual, plus a ``video_preprocessor_config.json`` for servers that decode video
+        themselves (vLLM builds the stock Qwen3VLProcessor, video processor included, from the
+        checkpoint: without this file it refuses to start)."""
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        write_video_processor_config(self.image_processor, save_directory)
+        return out
+
+
+def write_video_processor_config(image_processor, save_directory, max_frames: int = 768) -> Path:
+    """``video_preprocessor_config.json`` for the stock ``Qwen3VLVideoProcessor``, matching the image
+    processor: patch/merge/temporal sizes and normalisation, and its per-frame pixel bounds turned
+    into Qwen3-VL's whole-clip budget (``size`` bounds t·h·w: one temporal patch of the smallest
+    frame up to ``max_frames`` of the largest)."""
+    ip = image_processor
+    size = ip.size or {}
+    lo, hi = int(size.get("shortest_edge", 784)), int(size.get("longest_edge", 50176))
+    cfg = {
+        "video_processor_type": "Qwen3VLVideoProcessor", "processor_class": "Qwen3VLProcessor",
+        "patch_size": ip.patch_size, "temporal_patch_size": ip.temporal_patch_size, "merge_size": ip.merge_size,
+        "image_mean": list(ip.image_mean), "image_std": list(ip.image_std), "do_normalize": True,
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_resize": True, "do_convert_rgb": True,
+        "size": {"shortest_edge": lo * ip.temporal_patch_size, "longest_edge": hi * max_frames},
+        "do_sample_frames": True, "fps": 2, "min_frames": 4, "max_frames": max_frames,
+        "cap_pixels_per_frame": False,
+    }
+    path = Path(save_directory) / "video_preprocessor_config.json"
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return path
 
 
 AutoProcessor.register(ParaVTImageProcessorConfig, ParaVTQwen3VLProcessor, exist_ok=True)

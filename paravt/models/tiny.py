@@ -32,12 +32,15 @@ TAG_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_respo
               "<answer>", "</answer>"]
 
 # Qwen-style template (transformers renders with trim_blocks: a newline right after a block
-# tag must be written as an expression). Content is a string or a list of {"type": "text"|"image"|"image_url", ...}.
+# tag must be written as an expression). Content is a string or a list of {"type": "text"|"image"|"image_url"|
+# "video"|"video_url", ...}: Qwen's video branch, one <|video_pad|> per video, which a server (vLLM) expands per
+# frame group; our own episodes send frames as images and never render it.
 CHAT_TEMPLATE = (
     "{% macro render(content) %}"
     "{% if content is string %}{{ content }}"
     "{% else %}{% for item in content %}"
     "{% if item.type == 'image' or item.type == 'image_url' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item.type == 'video' or item.type == 'video_url' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif item.type == 'text' %}{{ item.text }}{% endif %}"
     "{% endfor %}{% endif %}"
     "{% endmacro %}"

@@ -25,6 +25,15 @@ class GatingConfig:
     nframes_gating: bool = True  # K ~ Uniform(choices) per prompt; off -> hierarchical_agent.nframes
     choices: list[int] = field(default_factory=lambda: list(DEFAULT_CHOICES))  # the K values drawn per prompt
 
+    def __post_init__(self):
+        if not self.choices or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in self.choices):
+            raise ValueError(f"paravt.gating.choices must be a non-empty list of frame counts >= 1, got {self.choices!r} "
+                             f"(the release draws from {list(DEFAULT_CHOICES)})")
+        odd = [k for k in self.choices if k not in DEFAULT_CHOICES]
+        if odd:
+            import warnings  # noqa: PLC0415
+            warnings.warn(f"paravt.gating.choices {odd} are outside the release's {list(DEFAULT_CHOICES)}", stacklevel=2)
+
 
 @dataclass
 class AnchoringConfig:
@@ -72,6 +81,14 @@ class AgentConfig:
     include_subagent_in_loss: bool = False  # train on sub-agent turns too (with the episode's advantage)
     crop: CropConfig = field(default_factory=CropConfig)
 
+    def __post_init__(self):
+        if self.nframes < 1 or self.max_turns < 0 or self.max_new_tokens < 1 or self.max_context_tokens < 1:
+            raise ValueError("hierarchical_agent: nframes >= 1, max_turns >= 0, max_new_tokens >= 1 and "
+                             f"max_context_tokens >= 1 required (got {self.nframes}, {self.max_turns}, "
+                             f"{self.max_new_tokens}, {self.max_context_tokens})")
+        if self.max_parallel is not None and self.max_parallel < 1:
+            raise ValueError(f"hierarchical_agent.max_parallel must be >= 1 or null, got {self.max_parallel}")
+
 
 @dataclass
 class GRPOConfig:
@@ -95,6 +112,10 @@ class GRPOConfig:
     def __post_init__(self):
         if self.n_samples < 2:
             raise ValueError("grpo.n_samples must be >= 2 (group normalisation needs a group)")
+        if self.prompts_per_step < 1:
+            raise ValueError(f"grpo.prompts_per_step must be >= 1, got {self.prompts_per_step}")
+        if not (self.temperature >= 0 and 0 < self.top_p <= 1):
+            raise ValueError(f"grpo.temperature must be >= 0 and grpo.top_p in (0, 1], got {self.temperature}, {self.top_p}")
         if self.ppo_minibatches < 1 or self.max_staleness < 0:
             raise ValueError("grpo.ppo_minibatches >= 1 and grpo.max_staleness >= 0 required")
         if self.kl_mode not in ("reward_k1", "loss_k3"):
@@ -209,6 +230,13 @@ class RLConfig:
             self.train_data = [p if Path(p).is_absolute() else str(Path(self.data_root) / p) for p in self.train_data]
         if self.max_steps < 1 or self.save_every < 1:
             raise ValueError("max_steps and save_every must be >= 1")
+        if self.paravt.reward.mode == "llm" and not (self.judge.base_url and self.judge.model):
+            raise ValueError("paravt.reward.mode=llm needs judge.base_url and judge.model (an OpenAI-compatible judge)")
+        from pathlib import Path  # noqa: PLC0415
+        missing = [p for p in self.train_data if not Path(p).is_file()]
+        if missing:
+            raise ValueError(f"train_data: no such file {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
+                             + (f"; data_root={self.data_root}" if self.data_root else ""))
 
     def check_world_size(self, trainer_world_size: int) -> None:
         """The batch must divide evenly over the trainer ranks (the paper: 7 prompts, 7 trainer GPUs)."""

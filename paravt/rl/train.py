@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from paravt.agent.episode import EpisodeSample
+from paravt.core.metrics import append_jsonl, trim_jsonl
 from paravt.core.seeding import seed_everything
 from paravt.data.schema import load_rl_rows
 from paravt.engines.factory import EngineHandle, build_engine
@@ -335,6 +336,8 @@ class RLTrainer:
         cfg = self.cfg
         weights = self._resume()
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.d.is_main:  # records of steps after the checkpoint are redone: drop them, never double them
+            trim_jsonl(self.out / "trajectories.jsonl", lambda r: r.get("step", 0) < self.global_step)
         producer = self._start_rollouts(weights) if self.d.is_main else None
         try:
             with TrainLoop(self, "para-grpo") as loop:
@@ -346,9 +349,7 @@ class RLTrainer:
                     m.update({"time/wait_rollout": t_wait, "time/step": time.perf_counter() - t0})
                     if batch is not None:
                         producer.set_version(self.global_step)
-                        with open(self.out / "trajectories.jsonl", "a") as f:
-                            for rec in batch.trajectories:
-                                f.write(json.dumps(rec) + "\n")
+                        append_jsonl(self.out / "trajectories.jsonl", batch.trajectories)
                     loop.log(m if self.d.is_main else None, self.global_step, {
                         "R": f"{m.get('reward/total', 0):.2f}", "acc": f"{m.get('reward/acc', 0):.2f}",
                         "fmt": f"{m.get('format/compliance', 0):.2f}",
