@@ -4,22 +4,34 @@
 #       the recipe's rollout.server.gpus (default [7]) run SGLang; the other GPUs train (FSDP2).
 #   CPU: bash scripts/run_rl.sh configs/rl/tiny.yaml            (NPROC=2 for two gloo trainer processes)
 # torchrun restarts crashed workers (MAX_RESTARTS, default 3); resume=auto continues from the
-# newest complete checkpoint, so only the step in flight is lost.  Settings: python -m paravt.rl.train --help
+# newest complete checkpoint, so only the step in flight is lost. Bad input (config, files, rows) is
+# caught by a preflight before torchrun: one line, exit 2, never retried. Workers die with torchrun
+# (kill -9 of the launcher included) and a second run on the same output_dir refuses.  Settings: python -m paravt.rl.train --help
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" rl  # sets PARAVT_ROOT, the venv, .secrets.env
 cd "$PARAVT_ROOT"
 script_help "${BASH_SOURCE[0]}" paravt.rl.train "$@"
 RECIPE="${1:-configs/rl/tiny.yaml}"; shift || true
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
-read -r NGPU ROLLOUT_GPUS < <(python - "$RECIPE" "$@" <<'PY'
+# Preflight, once, before torchrun (which would restart workers on a deterministic error): the config,
+# the files it names and the RL rows; a problem is one line and exit 2.
+PRE="$(python - "$RECIPE" "$@" <<'PY'
 import sys, torch
-from paravt.core.config import load_config
+from paravt.core.config import parse_cli
+from paravt.data.schema import DataError, load_rl_rows
 from paravt.rl.config import RLConfig
-cfg = load_config(RLConfig, sys.argv[1], sys.argv[2:])
+cfg = parse_cli(RLConfig, sys.argv[1:], "run_rl.sh")
+try:
+    cfg.check_inputs()
+    load_rl_rows(cfg.train_data)
+except (DataError, ValueError) as exc:
+    print(f"run_rl.sh: {' '.join(str(exc).split())}", file=sys.stderr)
+    sys.exit(2)
 gpus = cfg.rollout.server.gpus if cfg.rollout.engine == "sglang" else []
 print(torch.cuda.device_count(), ",".join(map(str, gpus)) or "-")
 PY
-)
+)" || exit $?
+read -r NGPU ROLLOUT_GPUS <<<"$PRE"
 if [[ "$NGPU" -gt 0 ]]; then
   # trainer ranks get every GPU that is not a rollout GPU
   TRAIN_GPUS=$(python -c "import sys; r=set('$ROLLOUT_GPUS'.split(',')) if '$ROLLOUT_GPUS'!='-' else set(); print(','.join(str(i) for i in range($NGPU) if str(i) not in r))")

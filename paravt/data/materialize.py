@@ -15,7 +15,10 @@ counts, to ``<output-dir>/materialize_report.json``.
     python -m paravt.data.materialize --root /data/ParaVT-Source \\
         --parquet-dir /data/ParaVT-Parquet --output-dir /data/ParaVT-Parquet-local
 
-Exit codes: 0 ok, 2 the root is missing, 1 no ``paravt_*.parquet`` matched.
+Exit codes: 0 ok, 2 the root is missing, 1 no ``paravt_*.parquet`` matched, or some media paths
+could not be resolved (relative to none of the sentinel roots) or name missing files — each kind
+printed with its count and first examples, all of them in the report; ``--allow-unresolved`` /
+``--allow-missing`` accept them.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class Report:
     passthrough: int = 0
     missing_examples: list[str] = field(default_factory=list)
     files: dict[str, int] = field(default_factory=dict)
+    unresolved: int = 0  # relative paths under none of the sentinel roots: left as they are, cannot be opened
+    unresolved_examples: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +57,8 @@ class Report:
             "missing_total": sum(self.missing.values()),
             "passthrough": self.passthrough,
             "missing_examples": self.missing_examples[:50],
+            "unresolved_total": self.unresolved,
+            "unresolved_examples": self.unresolved_examples[:50],
         }
 
 
@@ -75,6 +82,10 @@ class Materializer:
         bucket = None if os.path.isabs(rel) else bucket_of(rel)
         if bucket is None:
             self.report.passthrough += 1
+            if not os.path.isabs(rel) and "://" not in rel:  # relative, yet under no sentinel root
+                self.report.unresolved += 1
+                if len(self.report.unresolved_examples) < 50:
+                    self.report.unresolved_examples.append(value)
             return value
         full = self.root / rel
         self.report.rewritten[bucket] += 1
@@ -174,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parquet-dir", required=True, help="folder with the released paravt_*.parquet files")
     p.add_argument("--output-dir", required=True, help="where the materialised parquets and materialize_report.json go")
     p.add_argument("--pattern", default="paravt_*.parquet", help="glob of parquet names (default: %(default)s)")
+    p.add_argument("--allow-unresolved", action="store_true",
+                   help="exit 0 although some relative paths are under none of the sentinel roots (kept unchanged)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="exit 0 although some rewritten paths name files that do not exist under --root")
     a = p.parse_args(argv)
     try:
         report = materialize(a.root, a.parquet_dir, a.output_dir, a.pattern)
@@ -187,7 +202,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"materialised {len(d['files'])} parquet(s), {sum(d['files'].values())} rows -> {a.output_dir}")
     print(f"rewritten paths per bucket: {d['rewritten_per_bucket']}")
     print(f"missing files per bucket: {d['missing_per_bucket'] or 'none'}")
-    return 0
+    rc = 0
+    report_path = Path(a.output_dir) / "materialize_report.json"
+    for what, n, examples, flag, allowed in (
+            ("media path(s) under none of the sentinel roots " + "/".join(BUCKETS) + " (left unchanged)",
+             d["unresolved_total"], d["unresolved_examples"], "--allow-unresolved", a.allow_unresolved),
+            (f"media file(s) missing under {a.root}", d["missing_total"], d["missing_examples"], "--allow-missing",
+             a.allow_missing)):
+        if n:
+            shown = ", ".join(examples[:3]) + (", ..." if n > 3 else "")
+            print(f"{'warning' if allowed else 'error'}: {n} {what}: {shown} (all listed in {report_path}; "
+                  f"{flag} to accept)", file=sys.stderr)
+            rc = rc if allowed else 1
+    return rc
 
 
 if __name__ == "__main__":

@@ -29,7 +29,20 @@ VIDEO_PLACEHOLDER = "<video>"
 
 
 class RowError(ValueError):
-    """A row that does not follow the schema; the message names the file and row."""
+    """A row that does not follow the schema; the message names the file and row, ``reason`` is the
+    short kind counted in the skip report ("answer is null", "no video", ...)."""
+
+    def __init__(self, message: str, reason: str = "malformed row"):
+        super().__init__(message)
+        self.reason = reason
+
+
+class DataError(ValueError):
+    """A data file that cannot be used at all (not a parquet, missing columns, no usable rows): one
+    line naming the file and what was expected."""
+
+
+REQUIRED_COLUMNS = {"RLRow": ("prompt", "videos", "extra_info"), "SFTRow": ("messages", "videos")}
 
 
 @dataclass
@@ -46,7 +59,8 @@ class SkipReport:
 
     def summary(self) -> str:
         parts = ", ".join(f"{n} {r}" for r, n in sorted(self.skipped.items()))
-        return f"kept {self.kept}/{self.total} rows" + (f"; skipped {parts}" if parts else "")
+        return (f"kept {self.kept}/{self.total} rows" + (f"; skipped {parts}" if parts else "")
+                + (f" (first: {self.examples[0]})" if self.examples else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"total": self.total, "kept": self.kept, "skipped": dict(self.skipped), "examples": self.examples}
@@ -127,14 +141,25 @@ class RLRow:
         if not isinstance(extra, dict):
             raise RowError(f"{where}: 'extra_info' must be a dict or a JSON object string")
         if "answer" not in extra:
-            raise RowError(f"{where}: extra_info has no 'answer'")
+            raise RowError(f"{where}: extra_info has no 'answer'", "no answer")
+        ans = extra["answer"]
+        if ans is None or (isinstance(ans, str) and not ans.strip()):
+            raise RowError(f"{where}: extra_info.answer is null or empty", "answer is null")
+        if isinstance(ans, bool) or not isinstance(ans, (str, int, float, list, tuple)):
+            raise RowError(f"{where}: extra_info.answer must be text, a number or a [start, end] span, "
+                           f"got {type(ans).__name__}", "answer has a wrong type")
         qt = extra.get("question_type", "oe")
         if qt not in QUESTION_TYPES:
-            raise RowError(f"{where}: question_type {qt!r} not in {QUESTION_TYPES}")
+            raise RowError(f"{where}: question_type {qt!r} not in {QUESTION_TYPES}", "unknown question_type")
+        if qt == "tvg" and not (isinstance(ans, (list, tuple)) and len(ans) == 2
+                                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in ans)):
+            if not isinstance(ans, str):
+                raise RowError(f"{where}: a tvg answer must be a [start, end] span, got {ans!r}",
+                               "answer has a wrong type")
         extra["question_type"] = qt
         videos = _videos(rec.get("videos"), where)
         if not videos:
-            raise RowError(f"{where}: row has no video")
+            raise RowError(f"{where}: row has no video", "no video")
         return cls(prompt=prompt, videos=videos, extra_info=extra, where=where)
 
 @dataclass
@@ -186,20 +211,43 @@ def iter_parquet_records(paths: Iterable[str | Path]) -> Iterator[tuple[dict[str
         if not path.is_file():
             log.warning("parquet shard %s is missing: skipped", path)
             continue
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds for a file that is not a parquet
+            raise DataError(f"{path}: not a readable parquet file ({type(exc).__name__}: "
+                            f"{' '.join(str(exc).split())[:200]})") from None
         for i, rec in enumerate(table.to_pylist()):
             yield rec, f"{path}:row {i}"
 
 
-def _load(cls, paths, check_media: bool, report: SkipReport | None):
+def check_columns(path: str | Path, required: Iterable[str]) -> None:
+    """The parquet at ``path`` has every ``required`` column (DataError naming the missing ones)."""
+    try:
+        names = pq.read_schema(path).names
+    except Exception as exc:  # noqa: BLE001
+        raise DataError(f"{path}: not a readable parquet file ({type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())[:200]})") from None
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {missing}; expected {list(required)}, found {names}")
+
+
+def _load(cls, paths, check_media: bool, report: SkipReport | None, require_rows: bool = True):
     report = report if report is not None else SkipReport()
     rows = []
-    for rec, where in iter_parquet_records([paths] if isinstance(paths, (str, Path)) else paths):
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    for p in paths:
+        if Path(p).is_file():
+            check_columns(p, REQUIRED_COLUMNS[cls.__name__])
+    for rec, where in iter_parquet_records(paths):
         report.total += 1
         try:
             row = cls.from_record(rec, where)
         except RowError as exc:
-            report.skip("malformed row", str(exc))
+            report.skip(exc.reason, str(exc))
+            continue
+        except (TypeError, AttributeError, KeyError) as exc:  # a column of the wrong type
+            report.skip("malformed row", f"{where}: {type(exc).__name__}: {exc}")
             continue
         media = [row.video] if cls is RLRow else row.media_paths()
         missing = [p for p in media if check_media and not Path(p).is_file()]
@@ -210,6 +258,8 @@ def _load(cls, paths, check_media: bool, report: SkipReport | None):
         report.kept += 1
     if report.skipped:
         log.warning("%s", report.summary())
+    if not rows and require_rows:
+        raise DataError(f"no usable rows in {', '.join(map(str, paths)) or '(no files)'}: {report.summary()}")
     return rows, report
 
 
@@ -217,5 +267,6 @@ def load_rl_rows(paths, check_media: bool = True, report: SkipReport | None = No
     return _load(RLRow, paths, check_media, report)
 
 
-def load_sft_rows(paths, check_media: bool = True, report: SkipReport | None = None) -> tuple[list[SFTRow], SkipReport]:
-    return _load(SFTRow, paths, check_media, report)
+def load_sft_rows(paths, check_media: bool = True, report: SkipReport | None = None,
+                  require_rows: bool = True) -> tuple[list[SFTRow], SkipReport]:
+    return _load(SFTRow, paths, check_media, report, require_rows)

@@ -12,7 +12,10 @@ Where the clients depend on it, it behaves like the real servers (checked agains
 in ``tests/conformance``): ``/generate`` takes ONE ``<|image_pad|>`` per image and expands it
 to the image's patch tokens itself, rejecting pre-expanded ids as SGLang's processor does, and
 reports ``meta_info.prompt_tokens`` of the expanded prompt; chat completions return token ids
-only when asked (``return_token_ids``, as vLLM) and answer 404 to a model name it does not serve.
+only when asked (``return_token_ids``, as vLLM: output ids on the choice, ``prompt_token_ids`` on the
+response), answer 404 to a model name it does not serve, and 400 to per-request ``media_io_kwargs`` /
+``mm_processor_kwargs`` unless started with ``--trust-request-mm-kwargs`` (vLLM's rule). It does not
+decode video: a ``video_url`` item is a 400 naming the servers that do (the real-server tests run them).
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ def _chat_messages(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     items.append({"type": "image", "image": decode_image(url)})
                 elif it.get("type") == "text":
                     items.append({"type": "text", "text": it.get("text", "")})
+                elif it.get("type") == "video_url":
+                    raise ValueError("video_url is not served by hf_server (it does not decode video): "
+                                     "use a vLLM or SGLang server for the video_url channel")
                 else:
                     raise ValueError(f"unsupported content item type {it.get('type')!r}")
             c = items
@@ -89,7 +95,7 @@ def expand_image_pads(ids: list[int], images: ImageInputs, processor, pad: int) 
     return out
 
 
-def build_app(engine: HFEngine, model_name: str = "paravt"):
+def build_app(engine: HFEngine, model_name: str = "paravt", trust_request_mm_kwargs: bool = False):
     from aiohttp import web  # noqa: PLC0415
 
     from paravt.models.tokenize import encode_text  # noqa: PLC0415
@@ -139,6 +145,9 @@ def build_app(engine: HFEngine, model_name: str = "paravt"):
     @routes.post("/v1/chat/completions")
     async def chat(req):
         body = await req.json()
+        if (body.get("media_io_kwargs") or body.get("mm_processor_kwargs")) and not trust_request_mm_kwargs:
+            return web.json_response({"error": {"message": "per-request media_io_kwargs / mm_processor_kwargs need "
+                                                "--trust-request-mm-kwargs (as vLLM)", "code": 400}}, status=400)
         if body.get("model") not in (None, model_name):
             return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                                 "type": "NotFoundError", "code": 404}}, status=404)
@@ -162,14 +171,17 @@ def build_app(engine: HFEngine, model_name: str = "paravt"):
         ids_out = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] == eos else out.token_ids
         choice = {"index": 0, "message": {"role": "assistant", "content": tok.decode(ids_out)},
                   "finish_reason": out.finish_reason}
-        if body.get("return_token_ids"):
+        extra = {}
+        if body.get("return_token_ids"):  # vLLM: output ids on the choice, prompt ids on the response
             choice["token_ids"] = out.token_ids
+            extra["prompt_token_ids"] = list(ids)
         if body.get("logprobs"):
             choice["logprobs"] = {"content": [{"token": tok.decode([t]), "logprob": lp}
                                               for t, lp in zip(out.token_ids, out.logprobs)]}
         return web.json_response({"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion",
                                   "model": body.get("model", model_name), "choices": [choice],
-                                  "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out.token_ids)}})
+                                  "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out.token_ids)},
+                                  **extra})
 
     app = web.Application(client_max_size=512 * 1024 * 1024)
     app.add_routes(routes)
@@ -185,10 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--trust-request-mm-kwargs", action="store_true", help="accept per-request media_io_kwargs (as vLLM)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     engine = HFEngine.from_pretrained(a.model, dtype=a.dtype, max_batch_size=a.max_batch_size)
-    web.run_app(build_app(engine), host=a.host, port=a.port, print=lambda *x: log.info(*x))
+    web.run_app(build_app(engine, trust_request_mm_kwargs=a.trust_request_mm_kwargs), host=a.host, port=a.port, print=lambda *x: log.info(*x))
     return 0
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
 from paravt.agent.tools import CropConfig
 from paravt.core.config import parse_cli
+from paravt.core.metrics import append_jsonl
 from paravt.core.prompts import AGENTIC_MODES
 from paravt.core.scoring import episode_well_formed, recall_at
 from paravt.core.scoring import score as score_completion
@@ -511,8 +512,7 @@ class Evaluator:
         async def job(i, s):
             async with sem:
                 rec = await self._one(i, s, cache)
-            with open(out_jsonl, "a") as f:
-                f.write(json.dumps(rec, default=str) + "\n")
+            append_jsonl(out_jsonl, [rec])  # strict JSON, whole line, fsynced
             done[s.id] = rec
             if bar is not None:
                 bar.update(1)

@@ -49,6 +49,9 @@ def free_port() -> int:
 
 
 def init_distributed(timeout_s: int = 1800) -> DistInfo:
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: end with the agent (kill -9 of the launcher too)
+        from paravt.core.procs import die_with_parent  # noqa: PLC0415
+        die_with_parent()
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
@@ -220,9 +223,28 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
     """The CLI of a training stage: parse the typed config, train, report, tear the group down."""
     from paravt.core.config import parse_cli  # noqa: PLC0415
 
+    from paravt.core.procs import OutputLock, OutputLockBusy  # noqa: PLC0415
+    from paravt.data.schema import DataError  # noqa: PLC0415
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    trainer = trainer_cls(parse_cli(schema, argv, prog))
+    cfg = parse_cli(schema, argv, prog)
+    lock = None
+    try:
+        if int(os.environ.get("RANK", 0)) == 0:  # one run per output directory (the lock dies with its holder)
+            lock = OutputLock(cfg.output_dir).acquire()
+        if hasattr(cfg, "check_inputs"):
+            cfg.check_inputs()
+        trainer = trainer_cls(cfg)
+    except (OutputLockBusy, DataError, ValueError, FileNotFoundError) as exc:
+        # The user's input, not a crash: one line, exit 2. (The launch scripts run this same check in
+        # a preflight before torchrun, so torchrun never restarts workers for a deterministic error.)
+        print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise SystemExit(2) from None
     final = trainer.train()
+    if lock is not None:
+        lock.release()
     if trainer.d.is_main:
         print(f"{label} done ({trainer.out.name}): {trainer.global_step} steps; model at {final}")
     if dist.is_initialized():

@@ -232,11 +232,19 @@ class RLConfig:
             raise ValueError("max_steps and save_every must be >= 1")
         if self.paravt.reward.mode == "llm" and not (self.judge.base_url and self.judge.model):
             raise ValueError("paravt.reward.mode=llm needs judge.base_url and judge.model (an OpenAI-compatible judge)")
+
+
+    def check_inputs(self) -> None:
+        """The files a run reads exist (called by the trainer before any model loads; not in
+        ``__post_init__``, so a recipe can be read on a machine without its data)."""
         from pathlib import Path  # noqa: PLC0415
+
         missing = [p for p in self.train_data if not Path(p).is_file()]
         if missing:
             raise ValueError(f"train_data: no such file {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
                              + (f"; data_root={self.data_root}" if self.data_root else ""))
+        if not Path(self.model_path).exists():
+            raise ValueError(f"model_path: no such checkpoint {self.model_path}")
 
     def check_world_size(self, trainer_world_size: int) -> None:
         """The batch must divide evenly over the trainer ranks (the paper: 7 prompts, 7 trainer GPUs)."""

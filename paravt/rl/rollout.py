@@ -20,9 +20,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+import logging
 
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
 from paravt.agent.tools import build_tools
+from paravt.agent.trajectory import SequenceRecord, Trajectory
 from paravt.core.scoring import episode_well_formed
 from paravt.core.seeding import rng, stable_hash
 from paravt.models.images import ImageInputs
@@ -30,6 +32,8 @@ from paravt.rl.config import RLConfig
 from paravt.rl.gating import choose_k
 from paravt.rl.grpo import compute_advantages
 from paravt.rl.rewards.terms import compute_reward
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -141,7 +145,23 @@ class RolloutWorker:
                                         tools=self.tools))
                 groups.append(gi)
                 kk.append(k)
-        trajs = await asyncio.gather(*jobs)
+        trajs = list(await asyncio.gather(*jobs, return_exceptions=True))
+        # 2b. A prompt whose episodes lost work (its video does not decode, the engine or a sub-agent's
+        # server failed) is skipped whole: its group's rewards would be biased. Counted and logged,
+        # never the end of training.
+        for i, t in enumerate(trajs):
+            if isinstance(t, BaseException):
+                if not isinstance(t, Exception):
+                    raise t
+                trajs[i] = Trajectory(prompts[groups[i]].sample_id, kk[i], SequenceRecord(), end_reason="error",
+                                      error=f"{type(t).__name__}: {t}")
+        lost = sorted({gi for t, gi in zip(trajs, groups) if t.faults})
+        if lost:
+            first = next(t.faults[0] for t in trajs if t.faults)
+            log.warning("rollout step %d: skipped %d of %d prompt(s) that lost work (first: %s: %s)", step, len(lost),
+                        len(prompts), prompts[lost[0]].sample_id, first[:300])
+            keep = [i for i, gi in enumerate(groups) if gi not in lost]
+            trajs, groups, kk = [trajs[i] for i in keep], [groups[i] for i in keep], [kk[i] for i in keep]
         # 3. Rewards on the main agent's text as written (pure functions of paravt.rl.rewards.terms).
         knobs = cfg.paravt.knobs()
         rewards = []
@@ -164,7 +184,8 @@ class RolloutWorker:
                 for sub in t.subagents:
                     seq = sub.sequence
                     samples.append(Sample(seq.input_ids, seq.loss_mask, seq.logprobs, seq.images, a, "subagent"))
-        metrics = rollout_metrics(trajs, rewards, kk, extra["frac_reward_zero_std"])
+        metrics = rollout_metrics(trajs, rewards, kk, extra["frac_reward_zero_std"]) if trajs else {}
+        metrics.update({"rollout/skipped_prompts": len(lost), "rollout/skipped_fraction": len(lost) / max(1, len(prompts))})
         # 6. GTR (off by default): judge each turn's thought, correct the wrong ones, collapse metrics.
         corrections: list[Any] = []
         if self.gtr is not None:

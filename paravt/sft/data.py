@@ -32,7 +32,7 @@ from paravt.models.tokenize import encode_text
 from paravt.core import prompts
 from paravt.core.seeding import rng
 from paravt.core.video import VideoError, local_path, sample_fps, sample_overview
-from paravt.data.schema import SFTRow, SkipReport, load_sft_rows
+from paravt.data.schema import DataError, SFTRow, SkipReport, load_sft_rows
 from paravt.models.images import ImageInputs
 
 log = logging.getLogger(__name__)
@@ -218,8 +218,10 @@ def load_manifest(shards: list[Shard], check_media: bool = True) -> tuple[list[S
             log.warning("SFT shard %s (%s) is missing and optional: skipped", sh.path, sh.name or "-")
             missing.append(sh.path)
             continue
-        got, _ = load_sft_rows([sh.path], check_media=check_media, report=report)
+        got, _ = load_sft_rows([sh.path], check_media=check_media, report=report, require_rows=False)
         rows.extend(got[: sh.max_rows] if sh.max_rows else got)
+    if not rows:
+        raise DataError(f"SFT data: no usable rows in {', '.join(sh.path for sh in shards)}: {report.summary()}")
     return rows, report, missing
 
 

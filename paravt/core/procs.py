@@ -1,0 +1,88 @@
+"""Processes that end with their parent, and one run per output directory.
+
+* :func:`die_with_parent` — a torchrun worker (its own session: a signal to the launcher's process
+  group never reaches it) asks Linux for SIGKILL when its parent, torchrun's agent, dies, so a
+  killed launcher never leaves workers training and writing checkpoints with nobody watching.
+  :func:`preexec_die_with_parent` does the same for servers a trainer or eval starts (``Popen``).
+* :class:`OutputLock` — ``output_dir/.paravt.lock`` held with ``flock`` by the run's main process
+  (released by the kernel when it dies, even under kill -9); a second run on the same directory
+  refuses with the holder's pid instead of racing it.
+
+Outside Linux both are no-ops (``prctl`` is Linux-only; the lock still works where ``fcntl`` exists).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent exits; True when set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes  # noqa: PLC0415
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() == 1:  # the parent died before the call: follow it now
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def preexec_die_with_parent() -> None:
+    """``Popen(preexec_fn=...)``: the child is killed when the process that started it dies."""
+    die_with_parent(signal.SIGTERM)
+
+
+class OutputLockBusy(RuntimeError):
+    """Another live run holds the output directory."""
+
+
+class OutputLock:
+    """``with OutputLock(dir):`` — an exclusive, non-blocking ``flock`` on ``dir/.paravt.lock``."""
+
+    NAME = ".paravt.lock"
+
+    def __init__(self, directory: str | Path):
+        self.path = Path(directory) / self.NAME
+        self._fh = None
+
+    def acquire(self) -> "OutputLock":
+        import fcntl  # noqa: PLC0415
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise OutputLockBusy(f"{self.path.parent} is in use by another run (pid {holder}); stop it or choose "
+                                 "another output directory") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self._fh.close()  # closing drops the flock
+            self._fh = None
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
