@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import sys
 import time
+from pathlib import Path
 
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, run_episode
 from paravt.agent.tools import CropConfig
@@ -39,19 +40,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames-mode", action="store_true", help="eval-style: crop frames go back to the main agent")
     a = ap.parse_args(argv)
 
+    from paravt.core.video import VideoError  # noqa: PLC0415
     from paravt.models.loading import load_processor  # noqa: PLC0415
 
+    def fail(msg: str) -> int:  # the user's input: one line, exit 2
+        print(f"inference.py: {msg}", file=sys.stderr)
+        return 2
+
+    for name, v, lo in (("--nframes", a.nframes, 1), ("--max-turns", a.max_turns, 0), ("--max-parallel", a.max_parallel, 1),
+                        ("--max-new-tokens", a.max_new_tokens, 1)):
+        if v < lo:
+            return fail(f"{name} must be >= {lo}, got {v}")
+    if a.temperature < 0:
+        return fail(f"--temperature must be >= 0, got {a.temperature}")
+    if not Path(a.model, "config.json").is_file():
+        return fail(f"--model {a.model}: not a checkpoint directory (no config.json)")
+    try:
+        info = probe(a.video)
+    except (VideoError, OSError) as exc:
+        return fail(f"--video {a.video}: {' '.join(str(exc).split())}")
     t0 = time.perf_counter()
     handle = build_engine("remote" if a.server else "hf", a.model, url=a.server)
     engine = handle.engine
     processor = engine.processor if not a.server else load_processor(a.model)
     t_load = time.perf_counter() - t0
-    info = probe(a.video)
     cfg = EpisodeConfig(prompt_mode=a.prompt_mode, max_turns=a.max_turns, max_parallel=a.max_parallel,
                         think_prefix=not a.no_think_prefix, temperature=a.temperature, max_new_tokens=a.max_new_tokens,
                         crop=CropConfig(mode="frames" if a.frames_mode else "subagent", subagent_temperature=a.temperature))
     sample = EpisodeSample("demo", a.question, a.video, info.duration)
     traj = asyncio.run(run_episode(sample, engine, processor, cfg, a.nframes))
+    if traj.faults:  # the answer below is incomplete: say so and exit non-zero
+        print(f"inference.py: the episode lost work: {traj.faults[0]}", file=sys.stderr)
 
     print(f"video: {a.video} ({info.duration:.1f} s, {info.num_frames} frames), overview K = {a.nframes}")
     print(f"question: {a.question}\n")
@@ -72,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
     print(f"answer: {extract_answer(traj.completion_text)!r}   (end: {traj.end_reason})")
     print(f"timings: load {t_load:.1f} s, episode {traj.seconds:.2f} s; stats {traj.stats}")
-    return 0
+    return 1 if traj.faults else 0
 
 
 if __name__ == "__main__":

@@ -86,6 +86,9 @@ def test_exit_codes(release, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["--root", str(root), "--parquet-dir", str(empty), "--output-dir", str(out)]) == 1
-    assert main(["--root", str(root), "--parquet-dir", str(pdir), "--output-dir", str(out)]) == 0
+    # the fixture names one missing file: listed, exit 1 unless accepted
+    assert main(["--root", str(root), "--parquet-dir", str(pdir), "--output-dir", str(out)]) == 1
+    assert "museg/et_instruct_164k/missing.mp4" in capsys.readouterr().err
+    assert main(["--root", str(root), "--parquet-dir", str(pdir), "--output-dir", str(out), "--allow-missing"]) == 0
     r = subprocess.run([sys.executable, "-m", "paravt.data.materialize", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--parquet-dir" in r.stdout

@@ -116,6 +116,8 @@ def test_kill_and_resume(world, tiny_dir, tmp_path):
     for t in trajs:  # the saved episodes are a seeded sample of the step's prompts
         assert t["sample_id"] in {s.sample_id for s in sched.batch(t["step"])}
     assert {t["step"] for t in trajs} == {0, 1, 2, 3}  # rollout batch index of every step
+    from collections import Counter  # a redone step replaced its records instead of doubling them
+    assert set(Counter(t["step"] for t in trajs).values()) == {cfg.logging.save_trajectories}
     assert (out / "checkpoints/step_000004/COMPLETE").exists()
 
 

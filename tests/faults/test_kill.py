@@ -1,0 +1,102 @@
+"""kill -9 and broken media: no orphan workers, one run per output directory, a corrupt video costs
+one prompt (counted), never the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _procs_mentioning(text: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd:
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux")
+def test_killing_the_launcher_group_leaves_no_workers_and_the_lock_refuses_a_second_run(world, tiny_dir, tmp_path):
+    out = tmp_path / "sft_kill"
+    args = ["bash", "scripts/run_sft.sh", "configs/sft/tiny.yaml", f"model_path={tiny_dir}", f"output_dir={out}",
+            f"data.0.path={world}/local/paravt_sft_synth.parquet", "max_steps=400", "save_every=2",
+            "max_length=1024", "logging.wandb_project=null", "logging.progress=false"]
+    env = {**os.environ, "NPROC": "2"}
+    p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not (out / "checkpoints/step_000002/COMPLETE").exists():
+            assert p.poll() is None, "the run ended before its first checkpoint"
+            time.sleep(0.3)
+        assert len(_procs_mentioning(str(out))) >= 3  # bash -> torchrun -> 2 workers
+        # a second run on the same output directory refuses: one line naming the holder
+        r = subprocess.run(args, cwd=ROOT, env={**os.environ, "NPROC": "1"}, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and "in use by another run (pid" in r.stderr and "Traceback" not in r.stderr
+        os.killpg(p.pid, signal.SIGKILL)  # the launcher's whole group, as a user's kill -9 / scheduler would
+        p.wait()
+        deadline = time.time() + 30
+        while time.time() < deadline and _procs_mentioning(str(out)):
+            time.sleep(0.5)
+        assert _procs_mentioning(str(out)) == [], "workers outlived their launcher"
+    finally:
+        for pid in _procs_mentioning(str(out)):
+            os.kill(pid, signal.SIGKILL)
+    # resumable: the next run continues from the newest complete checkpoint, each step logged once
+    done = sorted(int(c.name.split("_")[1]) for c in (out / "checkpoints").glob("step_*") if (c / "COMPLETE").exists())
+    r = subprocess.run([sys.executable, "-m", "paravt.sft.train", *args[2:-6], f"data.0.path={world}/local/paravt_sft_synth.parquet",
+                        f"max_steps={done[-1] + 1}", "save_every=2", "max_length=1024", "logging.wandb_project=null",
+                        "logging.progress=false"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, done[-1] + 2))
+
+
+def test_a_corrupt_video_skips_its_prompt_not_the_run(world, tiny_dir, tmp_path):
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from paravt.core.config import load_config
+    from paravt.rl.config import RLConfig
+    from paravt.rl.train import RLTrainer
+
+    # a copy of the RL rows whose every other video is a zero-byte or garbage file
+    rows = pq.read_table(world / "local/paravt_rl_synth.parquet").to_pylist()
+    media = tmp_path / "media"
+    media.mkdir()
+    for i, r in enumerate(rows):
+        src = r["videos"][0]["video"].removeprefix("file://")
+        dst = media / f"{i}_{Path(src).name}"
+        if i % 2:
+            dst.write_bytes(b"" if i % 4 == 1 else b"\x00garbage" * 100)
+        else:
+            shutil.copy(src, dst)
+        r["videos"] = [{"video": "file://" + str(dst)}]
+    import pyarrow as pa
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rl.parquet")
+    out = tmp_path / "rl"
+    cfg = load_config(RLConfig, str(ROOT / "configs/rl/tiny.yaml"), [
+        f"model_path={tiny_dir}", f"output_dir={out}", f"train_data=[{tmp_path / 'rl.parquet'}]",
+        "hierarchical_agent.max_new_tokens=24", "hierarchical_agent.crop.subagent_max_tokens=8",
+        "grpo.prompts_per_step=2", "grpo.n_samples=2", "logging.wandb_project=null", "logging.progress=false",
+        "max_steps=3", "save_every=3"])
+    RLTrainer(cfg).train()
+    rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rec] == [1, 2, 3]
+    assert sum(r["rollout/skipped_prompts"] for r in rec) > 0
+    assert (out / "checkpoints/step_000003/COMPLETE").exists()
