@@ -158,7 +158,9 @@ class EvalConfig:
     prompt_mode: str = "agentic_general"  # direct | reasoning | agentic_general | agentic_minimal | any configs/prompts/*.txt
     use_tools: bool | None = None  # None: on for agentic_* modes; set true for a tool-using baseline-native mode
     channel: str = "image_url"  # image_url (client-side frames) | video_url (server-side decode)
-    splits: list[str] = field(default_factory=lambda: ["synthetic"])  # benchmark splits to run (or synthetic)
+    # splits to run, any of: videomme, videomme_sub (Video-MME test, without/with subtitles), longvideobench
+    # (validation), lvbench (test), mlvu (dev), mmvu (validation), charades_sta (test), synthetic (the tiny world)
+    splits: list[str] = field(default_factory=lambda: ["synthetic"])
     data_root: str = "data/benchmarks"  # benchmarks live under data_root/<split dir>
     split_paths: dict[str, str] = field(default_factory=dict)  # per-split folder overrides, e.g. {synthetic: DIR}
     out: str = "runs/eval"  # results: <out>/<row>/<channel>/<split>.jsonl + summaries
@@ -264,7 +266,8 @@ def served_video_frames(prompt_ids: list[int], processor, k: int, video: str) ->
     groups = prompt_ids.count(tok.convert_tokens_to_ids("<|vision_start|>")) - 1
     tps = int(getattr(processor.image_processor, "temporal_patch_size", 2) or 1)
     frames = groups * tps
-    want = min(k + (-k) % tps, probe(video).num_frames + (-probe(video).num_frames) % tps)
+    total = probe(video).num_frames
+    want = min(k + (-k) % tps, total + (-total) % tps)  # both rounded up to whole temporal groups
     if frames != want:
         return frames, (f"the server gave the model {frames} overview frames, not K={k} (vLLM: launch with "
                         "--trust-request-mm-kwargs; SGLang: one K per server, --mm-process-config / "

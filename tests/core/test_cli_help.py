@@ -71,3 +71,11 @@ def test_bad_input_is_one_line(args, needle):
 def test_shell_scripts_help(script):
     r = subprocess.run(["bash", f"scripts/{script}", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "usage" in r.stdout.lower() and "Traceback" not in r.stderr, r.stderr[-500:]
+
+
+def test_eval_help_lists_every_split():
+    from paravt.core.config import config_help
+    from paravt.eval.driver import EvalConfig
+    from paravt.eval.splits import SPLITS
+    line = next(ln for ln in config_help(EvalConfig, "x").splitlines() if ln.lstrip().startswith("splits"))
+    assert all(name in line for name in SPLITS), line
