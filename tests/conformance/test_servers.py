@@ -116,8 +116,12 @@ def test_chat_body_passes_both_servers_and_carries_k_frames(k):
     v = vllm_chat.ChatCompletionRequest.model_validate(body)
     assert s.return_token_ids and v.return_token_ids  # token ids come back on both servers
     video = s.messages[0].content[0].video_url
-    assert video.max_frames == k and video.fps == pytest.approx(k / 31.5)  # SGLang samples K frames
-    assert v.media_io_kwargs == {"video": {"num_frames": k}}  # vLLM samples K frames
+    # SGLang's Qwen-VL processor ignores these per-request fields (K is its --mm-process-config); its other
+    # processors read them, so they are still sent and must validate
+    assert video.max_frames == k and video.fps == pytest.approx(k / 31.5)
+    # vLLM's qwen3_vl loader clamps its frame count to [min_frames, max_frames] (num_frames alone is ignored;
+    # measured against a real vLLM in tests/real_server)
+    assert v.media_io_kwargs == {"video": {"num_frames": k, "min_frames": k, "max_frames": k}}
     assert s.continue_final_message and v.continue_final_message
     assert s.logprobs and v.logprobs
 
@@ -171,3 +175,6 @@ def test_launch_command_parses_with_sglang_server_args():
     assert env["SGLANG_VLM_CACHE_SIZE_MB"] == "0"
     a = parser.parse_args(launch_command(SGLangServerConfig(model_path="m"))[0][3:])
     assert not a.enable_deterministic_inference
+    # K on the video_url channel: SGLang's Qwen-VL processor reads mm_process_config["video"]["nframes"]
+    a = parser.parse_args(launch_command(SGLangServerConfig(model_path="m", video_nframes=16))[0][3:])
+    assert a.mm_process_config == {"video": {"nframes": 16}}

@@ -100,3 +100,42 @@ def test_a_corrupt_video_skips_its_prompt_not_the_run(world, tiny_dir, tmp_path)
     assert [r["step"] for r in rec] == [1, 2, 3]
     assert sum(r["rollout/skipped_prompts"] for r in rec) > 0
     assert (out / "checkpoints/step_000003/COMPLETE").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux")
+def test_killing_run_rl_during_saves_leaves_no_workers_and_resumes(world, tiny_dir, tmp_path):
+    """run_rl.sh with two gloo trainer ranks, a checkpoint every step (so the kill lands in or near a
+    save); kill -9 of the launcher's group; no worker survives; the rerun resumes from the newest
+    complete checkpoint with each step's metrics and trajectories once."""
+    from collections import Counter
+
+    out = tmp_path / "rl_kill"
+    args = ["bash", "scripts/run_rl.sh", "configs/rl/tiny.yaml", f"model_path={tiny_dir}", f"output_dir={out}",
+            f"train_data=[{world}/local/paravt_rl_synth.parquet]", "hierarchical_agent.max_new_tokens=24",
+            "hierarchical_agent.crop.subagent_max_tokens=8", "grpo.prompts_per_step=2", "grpo.n_samples=2",
+            "logging.wandb_project=null", "logging.progress=false", "save_every=1", "keep_last=2"]
+    env = {**os.environ, "NPROC": "2", "MAX_RESTARTS": "0"}
+    p = subprocess.Popen(args + ["max_steps=40"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and not (out / "checkpoints/step_000002/COMPLETE").exists():
+            assert p.poll() is None, "the run ended before its second checkpoint"
+            time.sleep(0.2)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = time.time() + 30
+        while time.time() < deadline and _procs_mentioning(str(out)):
+            time.sleep(0.5)
+        assert _procs_mentioning(str(out)) == [], "workers outlived their launcher"
+    finally:
+        for pid in _procs_mentioning(str(out)):
+            os.kill(pid, signal.SIGKILL)
+    done = max(int(c.name.split("_")[1]) for c in (out / "checkpoints").glob("step_*") if (c / "COMPLETE").exists())
+    r = subprocess.run(args + [f"max_steps={done + 1}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, done + 2))
+    trajs = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(Counter(t["step"] for t in trajs)) == list(range(done + 1))
+    assert len(set(Counter(t["step"] for t in trajs).values())) == 1
