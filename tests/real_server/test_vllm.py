@@ -62,12 +62,12 @@ def test_eval_against_vllm(mode, channel, k, sft_world, sft_checkpoint, vllm_ser
     assert summary["errors"] == 0, summary.get("first_error")
     assert rc == 0 and summary["evaluated"] == LIMIT
     recs = _records(tmp_path, mode, channel, k)
-    if mode != "direct":  # the crop path ran: calls were made, none failed for a server/tool reason
-        calls = [c for r in recs.values() for t in r["trajectory"]["turns"] for c in t["calls"]]
-        if k == 4:  # the 200-step SFT model calls tools at K = 4 (it answers directly more often at K = 16)
-            assert calls, "the model made no tool call: the crop path was not exercised"
-        assert not any(c["fault"] for c in calls)
-        assert all(c["response"].strip() for c in calls if c["ok"])
+    # Whatever calls the model made, none failed for a server/tool reason. (Whether a 200-step tiny model
+    # calls tools in 3 questions varies with the world it was trained on — seen: 5/6 episodes at K = 4 on one
+    # world, 0/3 on another — so the tool turns themselves are proven by the two scripted tests below.)
+    calls = [c for r in recs.values() for t in r["trajectory"]["turns"] for c in t["calls"]]
+    assert not any(c["fault"] for c in calls)
+    assert all(c["response"].strip() for c in calls if c["ok"])
     if channel == "video_url":
         assert {r["video_frames"] for r in recs.values()} == {k}
     else:  # same frames, same greedy decoding: the same episodes as the in-process engine
@@ -136,3 +136,43 @@ def test_subagent_runs_on_the_chat_server(sft_world, sft_checkpoint, vllm_server
     assert res.text.strip() and res.window == (2.0, 9.0)
     seq = res.subagent.sequence
     assert len(seq.input_ids) == len(seq.logprobs) > 0 and sum(seq.loss_mask) > 0
+
+
+def test_tool_turn_with_frames_renders_to_our_ids(sft_world, sft_checkpoint, vllm_server):
+    """The second main-agent turn of crop.mode=frames: the model's crop call, then the crop's frames
+    (with their timestamps) in a tool message. vLLM must accept it and tokenise it exactly as our
+    trajectory does (the ids RL trains on are the ids a server generates from)."""
+    from paravt.agent.episode import EpisodeSample, build_overview
+    from paravt.agent.tools import CropConfig, CropVideo, ToolContext
+    from paravt.core.toolcall import CROP_VIDEO_SCHEMA, ToolCall, format_tool_call
+    from paravt.engines.base import SamplingParams
+    from paravt.engines.openai import OpenAIEngine
+    from paravt.eval.driver import EvalConfig, episode_config
+    from paravt.eval.splits import load_split
+    from paravt.models.loading import load_processor
+    from paravt.models.tokenize import encode_prompt
+
+    proc = load_processor(sft_checkpoint)
+    s = load_split("synthetic", "", str(sft_world / "local"))[0]
+    ecfg = episode_config(EvalConfig(model=str(sft_checkpoint), overview="paravt", crop=CropConfig(mode="frames")),
+                          s.question_type)
+    ov = build_overview(EpisodeSample(s.id, s.question, s.video, s.duration), 4, ecfg, None, [CROP_VIDEO_SCHEMA])
+    args = {"video_path": "x.mp4", "start_time": 2.0, "end_time": 6.0}
+    turn = ecfg.prefix + "The event is short.\n</think>\n" + format_tool_call("crop_video", args)
+
+    async def run():
+        res = await CropVideo(ecfg.crop).execute(ToolCall("crop_video", args), ToolContext(s.video, s.duration))
+        assert res.ok and any(it.get("type") == "image" for it in res.content)
+        msgs = ov.messages + [{"role": "assistant", "content": turn}, {"role": "tool", "content": res.content}]
+        eng = OpenAIEngine(vllm_server.cfg.url)
+        try:
+            out = await eng.chat(msgs, SamplingParams(temperature=0.0, max_new_tokens=4), prefix=ecfg.prefix)
+        finally:
+            await eng.close()
+        return msgs, out
+
+    msgs, out = asyncio.run(run())
+    ids, images = encode_prompt(proc, msgs, ecfg.prefix)
+    assert out.error is None, out.error
+    assert len(images) == 4 + 4  # the overview's K frames and the crop's 4 (1 fps over 4 s)
+    assert out.prompt_token_ids == ids
