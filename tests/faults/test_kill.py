@@ -29,6 +29,21 @@ def _procs_mentioning(text: str) -> list[int]:
     return out
 
 
+def _kill_group_and_expect_no_survivors(p: subprocess.Popen, out: Path) -> None:
+    """kill -9 the launcher's whole process group (as a user or a scheduler would); within 30 s no
+    process may still mention ``out`` (the workers must die with their launcher)."""
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and _procs_mentioning(str(out)):
+        time.sleep(0.5)
+    assert _procs_mentioning(str(out)) == [], "workers outlived their launcher"
+
+
+def _newest_complete_step(out: Path) -> int:
+    return max(int(c.name.split("_")[1]) for c in (out / "checkpoints").glob("step_*") if (c / "COMPLETE").exists())
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux")
 def test_killing_the_launcher_group_leaves_no_workers_and_the_lock_refuses_a_second_run(world, tiny_dir, tmp_path):
     out = tmp_path / "sft_kill"
@@ -47,23 +62,18 @@ def test_killing_the_launcher_group_leaves_no_workers_and_the_lock_refuses_a_sec
         # a second run on the same output directory refuses: one line naming the holder
         r = subprocess.run(args, cwd=ROOT, env={**os.environ, "NPROC": "1"}, capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and "in use by another run (pid" in r.stderr and "Traceback" not in r.stderr
-        os.killpg(p.pid, signal.SIGKILL)  # the launcher's whole group, as a user's kill -9 / scheduler would
-        p.wait()
-        deadline = time.time() + 30
-        while time.time() < deadline and _procs_mentioning(str(out)):
-            time.sleep(0.5)
-        assert _procs_mentioning(str(out)) == [], "workers outlived their launcher"
+        _kill_group_and_expect_no_survivors(p, out)
     finally:
         for pid in _procs_mentioning(str(out)):
             os.kill(pid, signal.SIGKILL)
     # resumable: the next run continues from the newest complete checkpoint, each step logged once
-    done = sorted(int(c.name.split("_")[1]) for c in (out / "checkpoints").glob("step_*") if (c / "COMPLETE").exists())
+    done = _newest_complete_step(out)
     r = subprocess.run([sys.executable, "-m", "paravt.sft.train", *args[2:-6], f"data.0.path={world}/local/paravt_sft_synth.parquet",
-                        f"max_steps={done[-1] + 1}", "save_every=2", "max_length=1024", "logging.wandb_project=null",
+                        f"max_steps={done + 1}", "save_every=2", "max_length=1024", "logging.wandb_project=null",
                         "logging.progress=false"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, done[-1] + 2))
+    assert steps == list(range(1, done + 2))
 
 
 def test_a_corrupt_video_skips_its_prompt_not_the_run(world, tiny_dir, tmp_path):
@@ -122,16 +132,11 @@ def test_killing_run_rl_during_saves_leaves_no_workers_and_resumes(world, tiny_d
         while time.time() < deadline and not (out / "checkpoints/step_000002/COMPLETE").exists():
             assert p.poll() is None, "the run ended before its second checkpoint"
             time.sleep(0.2)
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-        deadline = time.time() + 30
-        while time.time() < deadline and _procs_mentioning(str(out)):
-            time.sleep(0.5)
-        assert _procs_mentioning(str(out)) == [], "workers outlived their launcher"
+        _kill_group_and_expect_no_survivors(p, out)
     finally:
         for pid in _procs_mentioning(str(out)):
             os.kill(pid, signal.SIGKILL)
-    done = max(int(c.name.split("_")[1]) for c in (out / "checkpoints").glob("step_*") if (c / "COMPLETE").exists())
+    done = _newest_complete_step(out)
     r = subprocess.run(args + [f"max_steps={done + 1}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
