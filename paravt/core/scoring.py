@@ -90,11 +90,15 @@ def token_f1(pred: str, gold: str) -> float:
 # ---------------------------------------------------------------------------------------
 
 _L = f"[{MCQ_LETTERS}]"
+_LC = f"(?-i:{_L})"  # a capital option letter inside an IGNORECASE pattern ("the answer is a red ..." is not A)
 _MCQ_PATTERNS = [
+    re.compile(rf"^\s*[\(\[]?({_L}|[{MCQ_LETTERS.lower()}])[\)\]]?[.:!]?\s*$"),  # the whole text is one letter: "b", "(B)", "C."
     re.compile(rf"^\s*(?:[\(\[]({_L})[\)\]]|({_L})(?:[.:)]|\s*$))"),  # "B", "(B)", "B.", "B) text"
-    re.compile(rf"answer\s*(?:is|:)?\s*(?:option\s*)?[\(\[]?({_L})\b[\)\]]?", re.IGNORECASE),
-    re.compile(rf"\boption\s*[\(\[]?({_L})\b[\)\]]?", re.IGNORECASE),
+    re.compile(rf"answer\s*(?:is|:)?\s*(?:option\s*)?[\(\[]?({_LC})\b[\)\]]?", re.IGNORECASE),
+    re.compile(rf"\boption\s*[\(\[]?({_LC}|[{MCQ_LETTERS.lower()}])\b[\)\]]?", re.IGNORECASE),
     re.compile(rf"[\(\[]({_L})[\)\]]"),
+    # a sentence that ends with the letter: "Based on the frames, B." / "so it must be C" / "I pick D!"
+    re.compile(rf"(?:[,:;]|\b(?:is|be|pick|choose|select|go with))\s*({_LC})\s*[.!]?\s*$", re.IGNORECASE),
 ]
 
 
@@ -128,7 +132,12 @@ def mcq_correct(pred: str, gold: str) -> float:
 _NUM = r"\d+(?:\.\d+)?"
 _CLOCK = r"\d{1,2}:\d{2}(?::\d{2})?(?:\.\d+)?"
 _TIME = rf"(?:{_CLOCK}|{_NUM})"
+_SEC = r"\s*(?:s|secs?|seconds?)?"
 _SPAN_PATTERNS = [
+    # "starts at X and ends at Y", "start time: X, end time: Y", "starting at X ... ending at Y"
+    re.compile(rf"\bstart(?:s|ing)?(?:[\s_]+time)?\s*(?:at|:|=|is)?\s*({_TIME}){_SEC}[^\d]{{0,40}}?"
+               rf"\bend(?:s|ing)?(?:[\s_]+time)?\s*(?:at|:|=|is)?\s*({_TIME})", re.I),
+    re.compile(rf"\bbetween\s+({_TIME}){_SEC}\s+and\s+({_TIME})", re.I),  # "between X and Y seconds"
     re.compile(rf"<time>\s*({_TIME})\s*(?:s|seconds)?\s*(?:-|–|to|,)\s*({_TIME})\s*(?:s|seconds)?\s*</time>", re.I),
     re.compile(rf"\[\s*({_TIME})\s*(?:s|seconds)?\s*,\s*({_TIME})\s*(?:s|seconds)?\s*\]", re.I),
     re.compile(rf"\bfrom\s+({_TIME})\s*(?:s|seconds)?\s+to\s+({_TIME})", re.I),
@@ -139,8 +148,9 @@ _SPAN_PATTERNS = [
 def extract_span(text: str) -> tuple[float, float] | None:
     """The first temporal span ``(start, end)`` in seconds, or None.
 
-    Accepts ``[s, e]``, ``<time>s - e</time>``, ``from s to e``, ``s - e seconds`` with
-    numbers or MM:SS / HH:MM:SS times. A reversed pair is reordered."""
+    Accepts ``[s, e]``, ``<time>s - e</time>``, ``from s to e``, ``s - e seconds``, "starts at s and
+    ends at e", "start time: s, end time: e", "between s and e seconds", with numbers or MM:SS /
+    HH:MM:SS times. A reversed pair is reordered."""
     if not text:
         return None
     for pat in _SPAN_PATTERNS:
