@@ -97,7 +97,7 @@ class ChatConversation:
         self.messages = list(messages)
         self.prefix = prefix
         self.record = SequenceRecord()
-        self.served_prompts: list[list[int]] = []  # each turn's prompt ids as the server returned them
+        self.first_served_prompt: list[int] | None = None  # the first turn's prompt ids as the server returned them
 
     def __len__(self) -> int:
         return len(self.record)
@@ -109,7 +109,8 @@ class ChatConversation:
             return TurnOutput("", [], [], "error", out.weight_version, time.perf_counter() - t0, out.error)
         text = out.text or ""
         if out.prompt_token_ids:  # the server's own prompt ids: what the model saw, not re-tokenised here
-            self.served_prompts.append(list(out.prompt_token_ids))
+            if self.first_served_prompt is None:
+                self.first_served_prompt = list(out.prompt_token_ids)
             self.record.add(out.prompt_token_ids[len(self.record):], "context")
         self.record.add(out.token_ids, "policy", out.logprobs)
         self.messages.append({"role": "assistant", "content": self.prefix + text})

@@ -212,8 +212,8 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
         if out.error:
             traj.end_reason, traj.error = "error", out.error
             break
-        if is_chat and turn == 0 and conv.served_prompts:
-            traj.served_prompt_ids = conv.served_prompts[0]
+        if is_chat and turn == 0:
+            traj.served_prompt_ids = conv.first_served_prompt
         rec = TurnRecord(turn, prefix + out.text, len(out.token_ids), out.finish_reason,
                          generate_seconds=out.seconds, weight_version=out.weight_version,
                          context_len=context_len, prefix=prefix)

@@ -31,7 +31,7 @@ from typing import Any
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
 from paravt.agent.tools import CropConfig
 from paravt.core.config import parse_cli
-from paravt.core.metrics import append_jsonl
+from paravt.core.metrics import append_jsonl, read_jsonl
 from paravt.core.prompts import AGENTIC_MODES
 from paravt.core.scoring import episode_well_formed, recall_at
 from paravt.core.scoring import score as score_completion
@@ -489,16 +489,11 @@ class Evaluator:
         run_config = self._check_resume(split, out_jsonl)
         done: dict[str, dict] = {}
         if out_jsonl.exists():
-            text = out_jsonl.read_text()
-            if text and not text.endswith("\n"):  # a line cut by a kill: never glue the next record to it
-                with open(out_jsonl, "a") as f:
-                    f.write("\n")
-            for line in text.splitlines():
-                try:
-                    r = json.loads(line)
-                    done[r["id"]] = r
-                except (json.JSONDecodeError, KeyError):
-                    continue  # a line cut by a kill: that sample is redone
+            with open(out_jsonl, "rb+") as f:  # a line cut by a kill: never glue the next record to it
+                if f.seek(0, os.SEEK_END) and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
+                    f.write(b"\n")
+            # a torn line is dropped (with a warning): that sample is redone
+            done.update({r["id"]: r for r in read_jsonl(out_jsonl) if isinstance(r, dict) and "id" in r})
             retry = [k for k, r in done.items() if r.get("error")]
             for k in retry:  # samples lost to a server or tool failure are tried again
                 del done[k]
