@@ -139,6 +139,9 @@ def config_help(schema: type, prog: str, recipe: str | Path | None = None) -> st
                 shown = "???"
             lines.append(f"  {prefix}{f.name} = {shown!r}" + (f"    # {helps[f.name]}" if f.name in helps else ""))
     walk(schema, values)
+    epilogue = getattr(schema, "help_epilogue", None)  # e.g. eval: the table of valid splits
+    if callable(epilogue):
+        lines += ["", epilogue()]
     return "\n".join(lines)
 
 

@@ -36,7 +36,7 @@ from paravt.core.prompts import AGENTIC_MODES
 from paravt.core.scoring import episode_well_formed, recall_at
 from paravt.core.scoring import score as score_completion
 from paravt.engines.factory import build_engine
-from paravt.eval.splits import SPLITS, EvalSample, count_check, load_split, read_srt
+from paravt.eval.splits import HUB_IDS, SPLITS, EvalSample, LoadReport, count_check, load_split, read_srt, splits_table
 
 log = logging.getLogger("paravt.eval")
 
@@ -151,6 +151,20 @@ class ServerConfig:
 
 
 @dataclass
+class HubConfig:
+    """Where a split is looked up when data_root/<dir> does not hold it (python -m paravt.eval.fetch)."""
+    source: str = "auto"  # auto: data_root first, then the Hugging Face cache | local: data_root only | hub: the cache only
+    download: bool = False  # true: download + extract a split the cache lacks on first use (the release does; GBs)
+    cache_dir: str | None = None  # Hub cache; null: HF_HUB_CACHE, else $HF_HOME/hub
+    media_root: str | None = None  # extracted videos; null: $HF_HOME/<the split's media dir> (lmms-eval's folders)
+    progress: bool = True  # progress bars of downloads and extraction
+
+    def __post_init__(self):
+        if self.source not in ("auto", "local", "hub"):
+            raise ValueError(f"hub.source must be auto, local or hub, got {self.source!r}")
+
+
+@dataclass
 class EvalConfig:
     model: str = "???"  # checkpoint dir or hub id (hf backend / server launch)
     row: str = "model"  # the Table-1 row name used in the output path
@@ -158,10 +172,11 @@ class EvalConfig:
     prompt_mode: str = "agentic_general"  # direct | reasoning | agentic_general | agentic_minimal | any configs/prompts/*.txt
     use_tools: bool | None = None  # None: on for agentic_* modes; set true for a tool-using baseline-native mode
     channel: str = "image_url"  # image_url (client-side frames) | video_url (server-side decode)
-    # splits to run, any of: videomme, videomme_sub (Video-MME test, without/with subtitles), longvideobench
-    # (validation), lvbench (test), mlvu (dev), mmvu (validation), charades_sta (test), synthetic (the tiny world)
+    # splits to run (names or Hub ids; the table at the end): videomme, videomme_sub (Video-MME test, without/with
+    # subtitles), longvideobench (validation), lvbench (test), mlvu (dev), mmvu (validation), charades_sta (test), synthetic (the tiny world)
     splits: list[str] = field(default_factory=lambda: ["synthetic"])
-    data_root: str = "data/benchmarks"  # benchmarks live under data_root/<split dir>
+    data_root: str = "data/benchmarks"  # benchmarks live under data_root/<split dir>, else in the Hub cache (hub.*)
+    hub: HubConfig = field(default_factory=HubConfig)
     split_paths: dict[str, str] = field(default_factory=dict)  # per-split folder overrides, e.g. {synthetic: DIR}
     out: str = "runs/eval"  # results: <out>/<row>/<channel>/<split>.jsonl + summaries
     nframes: int = 64  # overview frames K
@@ -227,9 +242,14 @@ class EvalConfig:
             raise ValueError(f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}")
         if not self.splits:
             raise ValueError("splits is empty: name at least one split")
-        unknown = [s for s in self.splits if s not in SPLITS]
+        unknown = [s for s in self.splits if s not in SPLITS and s not in HUB_IDS]
         if unknown:
-            raise ValueError(f"unknown splits {unknown}; known: {sorted(SPLITS)}")
+            raise ValueError(f"unknown splits {unknown}; known: {sorted(SPLITS)} or the Hub ids {sorted(HUB_IDS)}")
+        self.splits = list(dict.fromkeys(HUB_IDS.get(s, s) for s in self.splits))  # a Hub id names its split
+
+    @classmethod
+    def help_epilogue(cls) -> str:
+        return splits_table()
 
     @property
     def agentic(self) -> bool:
@@ -397,9 +417,10 @@ class Evaluator:
 
     # ------------------------------------------------------------------ one split
     def _load(self, split: str) -> list[EvalSample]:
-        samples = load_split(split, self.cfg.data_root, self.cfg.split_paths.get(split))
+        reports: list[LoadReport] = []
+        samples = load_split(split, self.cfg.data_root, self.cfg.split_paths.get(split), self.cfg.hub, reports)
         warn = count_check(split, len(samples))
-        print(f"[eval] {split}: loaded {len(samples)} samples" + (f" -- WARNING {warn}" if warn else ""), flush=True)
+        print(f"[eval] {reports[0].line(len(samples))}" + (f" -- WARNING {warn}" if warn else ""), flush=True)
         if warn:
             log.warning(warn)
         samples = samples[self.cfg.shard_id::self.cfg.num_shards]

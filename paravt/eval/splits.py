@@ -1,28 +1,41 @@
-"""Benchmark splits: one small config each plus a handful of shared loaders.
+"""Benchmark splits: one small config each, the layouts each is shipped in, and their loaders.
 
-Each split reads the files **as their publishers distribute them** (the layout that
-``huggingface-cli download <repo> --repo-type dataset --local-dir <root>/<dir>`` produces,
-archives extracted in place) under ``--data_root``:
+A split is found in one of three places, in this order (``load_split``):
 
-| split | publisher files (relative to the split dir) | fields used |
+1. ``split_paths.<split>`` (a folder), else ``<data_root>/<split dir>``: any of the split's layouts
+   (the publisher's original files, or the Hub copy downloaded with ``--local-dir``, archives
+   extracted in place);
+2. the Hugging Face Hub cache (``$HF_HOME/hub``, ``HF_HUB_CACHE``): the dataset id the authors'
+   release loads, resolved by ``huggingface_hub.snapshot_download`` (offline from a filled cache,
+   e.g. with ``HF_HUB_OFFLINE=1``); its videos are looked up where ``python -m paravt.eval.fetch``
+   extracts the dataset's archives (``$HF_HOME/<media dir>``, the folder lmms-eval extracts them
+   to, so a copy lmms-eval already made is reused), then in the snapshot itself.
+
+| split | Hub id (split) | layouts: annotation file(s) -> videos |
 |---|---|---|
-| videomme / videomme_sub | ``videomme/test-00000-of-00001.parquet``, ``data/<videoID>.mp4``, ``subtitle/<videoID>.srt`` | videoID, question_id, duration (short/medium/long), task_type, question, options ["A. …"], answer (letter) — lmms-lab/Video-MME card |
-| longvideobench | ``lvb_val.json``, ``videos/<video_path>``, ``subtitles/<subtitle_path>`` | video_id, question, candidates, correct_choice (index), duration_group, question_category — longvideobench/LongVideoBench |
-| lvbench | ``video_info.meta.jsonl`` (one video per line: key, qa[{uid, question with "(A) …" options, answer, question_type}]), ``videos/<key>.mp4`` | — THUDM/LVBench |
-| mlvu | ``MLVU/json/*.json`` (video, duration, question, candidates, answer text, question_type), ``MLVU/video/<task dir>/<video>`` | — MLVU dev |
-| mmvu | ``validation.json`` (id, question, choices {A: …}, answer, question_type, video URL, metadata.subject), ``videos/<subject>/<n>.mp4`` | — yale-nlp/MMVU |
-| charades_sta | ``charades_sta_test.txt`` ("<vid> <start> <end>##<sentence>"), ``Charades_v1_480/<vid>.mp4`` | — Charades-STA test |
-| synthetic | ``paravt_eval_synth.parquet`` (the project's RL-row schema, materialized) | — |
+| videomme / videomme_sub | lmms-lab/Video-MME (test) | ``videomme/test-*.parquet`` -> ``data/<videoID>.mp4`` (``videos_chunked_*.zip``), ``subtitle/<videoID>.srt`` (``subtitle.zip``) |
+| longvideobench | longvideobench/LongVideoBench (validation) | ``lvb_val.json`` or ``validation-*.parquet`` -> ``videos/<video_path>`` (``videos.tar.part.*``) |
+| lvbench | lmms-lab/LVBench (train = the test set) | Hub: ``data/train-*.parquet`` -> ``<video_path>`` (``video_chunks/videos_chunk_*.zip``); THUDM/LVBench: ``video_info.meta.jsonl`` -> ``videos/<key>.mp4`` |
+| mlvu | sy1998/MLVU_dev (test = dev) | Hub: ``mlvu/test-*.parquet`` -> ``<video_name>`` (``video_part_*.zip``, ``action_count.zip``); MLVU/MVLU: ``MLVU/json/*.json`` -> ``MLVU/video/<task dir>/<video>`` |
+| mmvu | yale-nlp/MMVU (validation) | ``validation.json`` -> ``videos/<subject>/<n>.mp4`` |
+| charades_sta | lmms-lab/charades_sta (test) | Hub: ``data/test-*.parquet`` -> ``Charades_v1_480/<video>`` (``Charades_v1_480_part_*.zip``); original: ``charades_sta_test.txt`` -> ``Charades_v1_480/<vid>.mp4`` |
+| synthetic | (none: the project's own) | ``paravt_eval_synth.parquet`` (the RL-row schema, materialized) |
 
-A sample whose video file is missing is **kept** and reported as ``missing_video`` (counted,
-never silently dropped).
+Every loaded row is checked (``check_sample``): options under their own letters A, B, C, ... (a
+Hub option already written "A. ..." is not lettered twice), the gold letter among them, a
+grounding span with 0 <= start < end, an open answer that is not empty. A row that fails is
+dropped and counted by reason; a row whose video (or, for a subtitle split, subtitle file) is
+missing is **kept** and reported (``missing_video``): counted, never silently dropped.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -32,6 +45,8 @@ import pyarrow.parquet as pq
 log = logging.getLogger(__name__)
 
 LETTERS = "ABCDEFGHIJ"
+MCQ_SUFFIX = "Answer with the option's letter from the given choices directly."
+_LETTER_PREFIX = re.compile(r"^\(?([A-J])[.):]\s*")
 
 
 @dataclass
@@ -47,34 +62,80 @@ class EvalSample:
     subtitle: str | None = None
     duration: float | None = None
     span: list[float] | None = None  # where the asked event happens, when known (the viewer draws it)
+    options: list[str] = field(default_factory=list)  # mcq: option texts in letter order (A first), letters stripped
 
     @property
     def video_exists(self) -> bool:
         return Path(self.video).is_file()
 
 
+@dataclass(frozen=True)
+class Layout:
+    name: str  # hub | publisher | ...
+    annotation: str  # path or glob under the split root ("MLVU/json" is a folder)
+    loader: str  # key of LOADERS
+
+
+@dataclass(frozen=True)
+class HubSource:
+    repo_id: str  # the dataset id the authors' release loads
+    split: str  # the `datasets` split it loads
+    annotations: tuple[str, ...]  # allow_patterns of the annotation files
+    media: tuple[str, ...]  # allow_patterns of the videos/subtitles (archives or plain files)
+    media_dir: str  # where the archives are extracted, under HF_HOME (lmms-eval's folder)
+
+
 @dataclass
 class SplitConfig:
     name: str
-    loader: str
     dir: str  # folder under data_root
-    annotation: str
-    video_dir: str = ""
+    layouts: tuple[Layout, ...]
+    hub: HubSource | None = None
     metric: str = "accuracy"  # accuracy | temporal
     subtitles: bool = False
     duration_buckets: list[float] = field(default_factory=list)  # seconds; for splits without a bucket field
+    about: str = ""
 
 
-def _opts(options: list[str]) -> str:
+@dataclass
+class Roots:
+    """Where a split's annotation was found and where its videos are looked up (first hit wins)."""
+    ann: Path
+    media: list[Path]
+    source: str = "local"  # local | hub
+
+    def find(self, rel: str, alternatives: tuple[str, ...] = ()) -> str:
+        rel = str(rel).lstrip("/")
+        for name in (rel, *alternatives):
+            for m in self.media:
+                if (m / name).is_file():
+                    return str(m / name)
+        return str(self.media[0] / rel)
+
+
+def _clean_options(options: list[Any]) -> list[str]:
+    """Option texts with their own letter prefix removed ("A. 1." -> "1.", "(B) blue" -> "blue"),
+    only when the prefix is the option's own letter (so a doubled or shuffled letter stays visible)."""
     out = []
     for i, o in enumerate(options):
         o = str(o).strip()
-        out.append(o if re.match(r"^[A-J][.)]\s", o) else f"{LETTERS[i]}. {o}")
-    return "\n".join(out)
+        m = _LETTER_PREFIX.match(o)
+        if m and i < len(LETTERS) and m.group(1) == LETTERS[i]:
+            o = o[m.end():].strip()
+        out.append(o)
+    return out
 
 
 def _mcq_question(q: str, options: list[str]) -> str:
-    return f"{q.strip()}\n{_opts(options)}\nAnswer with the option's letter from the given choices directly."
+    body = "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
+    return f"{q.strip()}\n{body}\n{MCQ_SUFFIX}"
+
+
+def _inline_options(question: str) -> list[str]:
+    """The option lines of a question that carries its options inline: "(A) red" (LVBench) or
+    "A. red" (the synthetic world)."""
+    out = [ln.strip() for ln in question.splitlines()[1:] if re.match(r"^(\([A-J]\)|[A-J][.)])\s", ln.strip())]
+    return _clean_options(out)
 
 
 def _bucket(duration: float | None, edges: list[float]) -> str:
@@ -87,106 +148,183 @@ def _bucket(duration: float | None, edges: list[float]) -> str:
     return names[min(len(edges), len(names) - 1)]
 
 
-def load_videomme(c: SplitConfig, root: Path) -> list[EvalSample]:
-    rows = pq.read_table(root / c.annotation).to_pylist()
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of a parquet file, a JSON list or a JSON-lines file."""
+    if path.suffix == ".parquet":
+        return pq.read_table(path).to_pylist()
+    if path.suffix == ".jsonl":
+        return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return json.loads(path.read_text())
+
+
+def _letter_of(answer: Any, options: list[str]) -> str:
+    """The gold letter: a letter as given, an index, or the text of one option."""
+    if isinstance(answer, bool):
+        return str(answer)
+    if isinstance(answer, int):
+        return LETTERS[answer] if 0 <= answer < len(LETTERS) else str(answer)
+    a = str(answer).strip()
+    if a in options:
+        return LETTERS[options.index(a)]
+    m = _LETTER_PREFIX.match(a + " ")
+    return m.group(1) if m and len(a.strip("().: ")) == 1 else a
+
+
+# ---------------------------------------------------------------------------------- loaders
+def load_videomme(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
     out = []
-    for r in rows:
+    for r in _rows(ann):
         vid = r["videoID"]
-        out.append(EvalSample(str(r["question_id"]), c.name, str(root / c.video_dir / f"{vid}.mp4"),
-                              _mcq_question(r["question"], list(r["options"])), r["answer"].strip(), "mcq",
+        opts = _clean_options(list(r["options"]))
+        out.append(EvalSample(str(r["question_id"]), c.name,
+                              roots.find(f"data/{vid}.mp4", (f"data/{vid}.MP4", f"data/{vid}.mkv")),
+                              _mcq_question(r["question"], opts), str(r["answer"]).strip(), "mcq",
                               r.get("duration", ""), r.get("task_type", ""),
-                              str(root / "subtitle" / f"{vid}.srt") if c.subtitles else None))
+                              roots.find(f"subtitle/{vid}.srt") if c.subtitles else None, options=opts))
     return out
 
 
-def load_longvideobench(c: SplitConfig, root: Path) -> list[EvalSample]:
-    rows = json.loads((root / c.annotation).read_text())
+def _lvb_sample(c: SplitConfig, roots: Roots, r: dict[str, Any], i: int, options: list[Any]) -> EvalSample:
+    opts = _clean_options(options)
+    return EvalSample(str(r.get("id", f"{r['video_id']}_{i}")), c.name, roots.find(f"videos/{r['video_path']}"),
+                      _mcq_question(r["question"], opts), _letter_of(r["correct_choice"], opts), "mcq",
+                      str(r.get("duration_group", "")), r.get("question_category", ""),
+                      duration=r.get("duration"), options=opts)
+
+
+def load_longvideobench(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+    """lvb_val.json (``candidates``) or the Hub's validation parquet (``option0..option4``, "N/A" unused)."""
     out = []
-    for i, r in enumerate(rows):
-        ans = r["correct_choice"]
-        out.append(EvalSample(str(r.get("id", f"{r['video_id']}_{i}")), c.name, str(root / c.video_dir / r["video_path"]),
-                              _mcq_question(r["question"], r["candidates"]),
-                              LETTERS[ans] if isinstance(ans, int) else str(ans), "mcq",
-                              str(r.get("duration_group", "")), r.get("question_category", ""),
-                              duration=r.get("duration")))
+    for i, r in enumerate(_rows(ann)):
+        cands = r.get("candidates")
+        if cands is None:
+            cands = [r[f"option{k}"] for k in range(5) if r.get(f"option{k}") not in (None, "", "N/A")]
+        out.append(_lvb_sample(c, roots, r, i, list(cands)))
     return out
 
 
-def load_lvbench(c: SplitConfig, root: Path) -> list[EvalSample]:
+def _lvbench_sample(c: SplitConfig, roots: Roots, qa: dict[str, Any], video_rel: str, dur: float | None) -> EvalSample:
+    qt = qa.get("question_type")
+    return EvalSample(str(qa["uid"]), c.name, roots.find(video_rel), qa["question"].strip() + "\n" + MCQ_SUFFIX,
+                      str(qa["answer"]).strip(), "mcq", _bucket(dur, c.duration_buckets),
+                      ",".join(qt) if isinstance(qt, (list, tuple)) else str(qt or ""), duration=dur,
+                      options=_inline_options(qa["question"]))
+
+
+def _minutes(info: Any) -> float | None:
+    d = (info or {}).get("duration_minutes") if isinstance(info, dict) else None
+    return float(d) * 60 if d is not None else None
+
+
+def load_lvbench(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+    """THUDM/LVBench: one video per line (key, video_info, qa[{uid, question with "(A) …" lines, answer}])."""
     out = []
-    for line in (root / c.annotation).read_text().splitlines():
-        if not line.strip():
-            continue
-        v = json.loads(line)
-        dur = (v.get("video_info") or {}).get("duration_minutes")
-        dur = float(dur) * 60 if dur is not None else None
-        for q in v["qa"]:
-            qt = q.get("question_type")
-            out.append(EvalSample(str(q["uid"]), c.name, str(root / c.video_dir / f"{v['key']}.mp4"),
-                                  q["question"].strip() + "\nAnswer with the option's letter from the given choices directly.",
-                                  q["answer"].strip(), "mcq", _bucket(dur, c.duration_buckets),
-                                  ",".join(qt) if isinstance(qt, list) else str(qt or ""), duration=dur))
+    for v in _rows(ann):
+        dur = _minutes(v.get("video_info"))
+        out += [_lvbench_sample(c, roots, q, f"videos/{v['key']}.mp4", dur) for q in v["qa"]]
     return out
 
 
-def load_mlvu(c: SplitConfig, root: Path) -> list[EvalSample]:
-    """The multiple-choice tasks of MLVU dev; rows without ``candidates`` (the generation tasks,
-    e.g. sub-scene captioning and summarisation) are skipped and counted."""
-    out = []
-    skipped: dict[str, int] = {}
-    for f in sorted((root / c.annotation).glob("*.json")):
-        task_dir = f.stem
-        for i, r in enumerate(json.loads(f.read_text())):
-            cands = r.get("candidates")
-            if not isinstance(cands, list) or not cands:
-                skipped[f.name] = skipped.get(f.name, 0) + 1
-                continue
-            ans = LETTERS[cands.index(r["answer"])] if r["answer"] in cands else str(r["answer"])
-            dur = r.get("duration")
-            out.append(EvalSample(f"{task_dir}_{i}", c.name, str(root / c.video_dir / task_dir / r["video"]),
-                                  _mcq_question(r["question"], cands), ans, "mcq", _bucket(dur, c.duration_buckets),
-                                  r.get("question_type", task_dir), duration=dur))
+def load_lvbench_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+    """lmms-lab/LVBench: one question per row (uid, question, answer, question_type, video_path, video_info)."""
+    return [_lvbench_sample(c, roots, r, r["video_path"], _minutes(r.get("video_info"))) for r in _rows(ann)]
+
+
+def _mlvu_sample(c: SplitConfig, roots: Roots, r: dict[str, Any], sid: str, video_rel: str, task: str) -> EvalSample:
+    opts = _clean_options(list(r["candidates"]))
+    dur = r.get("duration")
+    return EvalSample(sid, c.name, roots.find(video_rel), _mcq_question(r["question"], opts),
+                      _letter_of(r["answer"], opts), "mcq", _bucket(dur, c.duration_buckets), task,
+                      duration=dur, options=opts)
+
+
+def _skip_generation_rows(rows: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """MLVU's generation tasks (sub-scene captioning, summarisation) have no candidates: skipped, counted."""
+    keep = [(k, r) for k, r in rows if isinstance(r.get("candidates"), (list, tuple)) and len(r["candidates"])]
+    skipped = Counter(k for k, r in rows if not (isinstance(r.get("candidates"), (list, tuple)) and len(r["candidates"])))
     if skipped:
         log.warning("mlvu: skipped %d rows without candidates (not multiple choice): %s",
                     sum(skipped.values()), ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())))
+    return keep
+
+
+def load_mlvu(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+    """MLVU/MVLU (the publisher): MLVU/json/<n>_<task>.json, MLVU/video/<n>_<task>/<video>."""
+    rows = [(f.stem, r) for f in sorted(ann.glob("*.json")) for r in json.loads(f.read_text())]
+    index = Counter()
+    out = []
+    for task_dir, r in _skip_generation_rows(rows):
+        i = index[task_dir]
+        index[task_dir] += 1
+        out.append(_mlvu_sample(c, roots, r, f"{task_dir}_{i}", f"MLVU/video/{task_dir}/{r['video']}",
+                                r.get("question_type", task_dir)))
     return out
 
 
-def load_mmvu(c: SplitConfig, root: Path) -> list[EvalSample]:
+def load_mlvu_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+    """sy1998/MLVU_dev: one question per row (video_name, duration, question, candidates, answer text,
+    task_type, question_id); its zips extract to <video_name>."""
     out = []
-    for r in json.loads((root / c.annotation).read_text()):
+    for i, (task, r) in enumerate(_skip_generation_rows([(str(r.get("task_type", "")), r) for r in _rows(ann)])):
+        sid = str(r.get("question_id") or f"{task or 'mlvu'}-{i}")
+        out.append(_mlvu_sample(c, roots, r, sid, r["video_name"], task))
+    return out
+
+
+def load_mmvu(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+    out = []
+    for r in _rows(ann):
         url = str(r["video"])
         rel = url.split("/resolve/main/", 1)[1] if "/resolve/main/" in url else url.split("videos/", 1)[-1]
         rel = rel if rel.startswith("videos/") else f"videos/{rel}"
+        opts: list[str] = []
         if r.get("question_type") == "multiple-choice":
-            choices = r["choices"]
-            q = _mcq_question(r["question"], [f"{k}. {v}" for k, v in sorted(choices.items())])
-            qt = "mcq"
+            choices = {k: v for k, v in (r.get("choices") or {}).items() if v not in (None, "")}
+            keys = sorted(choices)
+            opts = [str(choices[k]).strip() for k in keys]
+            q, qt, ans = _mcq_question(r["question"], opts), "mcq", str(r["answer"]).strip()
+            if keys != list(LETTERS[:len(keys)]):  # choices keyed other than A, B, C...: the check reports it
+                opts = [f"{k}. {v}" for k, v in zip(keys, opts)]
         else:
-            q, qt = r["question"], "oe"
-        out.append(EvalSample(str(r["id"]), c.name, str(root / rel), q, r["answer"], qt, "",
-                              (r.get("metadata") or {}).get("subject", "")))
+            q, qt, ans = r["question"], "oe", r["answer"]
+        out.append(EvalSample(str(r["id"]), c.name, roots.find(rel), q, ans, qt, "",
+                              (r.get("metadata") or {}).get("subject", "") or r.get("subject", ""), options=opts))
     return out
 
 
-def load_charades(c: SplitConfig, root: Path) -> list[EvalSample]:
+def _charades_question(sentence: str) -> str:
+    return (f"Find the moment in the video that matches: \"{sentence.strip().rstrip('.')}\". "
+            "Answer with the start and end time in seconds as [start, end].")
+
+
+def load_charades(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+    """The original Charades-STA test file: "<vid> <start> <end>##<sentence>" per line."""
     out = []
-    for i, line in enumerate((root / c.annotation).read_text().splitlines()):
+    for i, line in enumerate(ann.read_text().splitlines()):
         if "##" not in line:
             continue
         head, sentence = line.split("##", 1)
         vid, s, e = head.split()
-        q = (f"Find the moment in the video that matches: \"{sentence.strip().rstrip('.')}\". "
-             "Answer with the start and end time in seconds as [start, end].")
-        out.append(EvalSample(f"{vid}_{i}", c.name, str(root / c.video_dir / f"{vid}.mp4"), q, [float(s), float(e)],
-                              "tvg", "", "grounding"))
+        out.append(EvalSample(f"{vid}_{i}", c.name, roots.find(f"Charades_v1_480/{vid}.mp4"), _charades_question(sentence),
+                              [float(s), float(e)], "tvg", "", "grounding"))
     return out
 
 
-def load_synthetic(c: SplitConfig, root: Path) -> list[EvalSample]:
+def load_charades_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+    """lmms-lab/charades_sta: video ("<vid>.mp4"), caption, timestamp (two float16). float16 holds
+    24.3 as 24.296875: the original annotations have one decimal, so the span is rounded to it."""
+    out = []
+    for i, r in enumerate(_rows(ann)):
+        span = [round(float(t), 1) for t in r["timestamp"]]
+        out.append(EvalSample(f"{Path(r['video']).stem}_{i}", c.name, roots.find(f"Charades_v1_480/{r['video']}"),
+                              _charades_question(r["caption"]), span, "tvg", "", "grounding"))
+    return out
+
+
+def load_synthetic(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
     from paravt.data.schema import load_rl_rows  # noqa: PLC0415
 
-    rows, _ = load_rl_rows([root / c.annotation], check_media=False)
+    rows, _ = load_rl_rows([ann], check_media=False)
     out = []
     for r in rows:
         d = r.extra_info.get("duration")
@@ -195,25 +333,53 @@ def load_synthetic(c: SplitConfig, root: Path) -> list[EvalSample]:
             ans = json.loads(ans) if isinstance(ans, str) else ans
         out.append(EvalSample(r.sample_id, c.name, r.video, r.question, ans, r.question_type,
                               _bucket(d, c.duration_buckets), r.question_type, duration=d,
-                              span=r.extra_info.get("span")))
+                              span=r.extra_info.get("span"),
+                              options=_inline_options(r.question) if r.question_type == "mcq" else []))
     return out
 
 
-LOADERS: dict[str, Callable[[SplitConfig, Path], list[EvalSample]]] = {
-    "videomme": load_videomme, "longvideobench": load_longvideobench, "lvbench": load_lvbench, "mlvu": load_mlvu,
-    "mmvu": load_mmvu, "charades": load_charades, "synthetic": load_synthetic,
+LOADERS: dict[str, Callable[[SplitConfig, Roots, Path], list[EvalSample]]] = {
+    "videomme": load_videomme, "longvideobench": load_longvideobench, "lvbench": load_lvbench,
+    "lvbench_hub": load_lvbench_hub, "mlvu": load_mlvu, "mlvu_hub": load_mlvu_hub, "mmvu": load_mmvu,
+    "charades": load_charades, "charades_hub": load_charades_hub, "synthetic": load_synthetic,
 }
 
+_VIDEOMME_HUB = HubSource("lmms-lab/Video-MME", "test", ("videomme/*.parquet",), ("videos_chunked_*.zip", "subtitle.zip"),
+                          "videomme")
 SPLITS: dict[str, SplitConfig] = {s.name: s for s in [
-    SplitConfig("videomme", "videomme", "Video-MME", "videomme/test-00000-of-00001.parquet", "data"),
-    SplitConfig("videomme_sub", "videomme", "Video-MME", "videomme/test-00000-of-00001.parquet", "data", subtitles=True),
-    SplitConfig("longvideobench", "longvideobench", "LongVideoBench", "lvb_val.json", "videos"),
-    SplitConfig("lvbench", "lvbench", "LVBench", "video_info.meta.jsonl", "videos", duration_buckets=[1800, 3600]),
-    SplitConfig("mlvu", "mlvu", "MLVU", "MLVU/json", "MLVU/video", duration_buckets=[180, 600]),
-    SplitConfig("mmvu", "mmvu", "MMVU", "validation.json", ""),
-    SplitConfig("charades_sta", "charades", "Charades-STA", "charades_sta_test.txt", "Charades_v1_480", metric="temporal"),
-    SplitConfig("synthetic", "synthetic", "synthetic", "paravt_eval_synth.parquet", "", duration_buckets=[60, 90]),
+    SplitConfig("videomme", "Video-MME", (Layout("hub", "videomme/test-*.parquet", "videomme"),), _VIDEOMME_HUB,
+                about="Video-MME test, 2700 MCQ, without subtitles"),
+    SplitConfig("videomme_sub", "Video-MME", (Layout("hub", "videomme/test-*.parquet", "videomme"),), _VIDEOMME_HUB,
+                subtitles=True, about="Video-MME test, 2700 MCQ, with the whole subtitle file"),
+    SplitConfig("longvideobench", "LongVideoBench",
+                (Layout("json", "lvb_val.json", "longvideobench"), Layout("parquet", "validation-*.parquet", "longvideobench")),
+                HubSource("longvideobench/LongVideoBench", "validation", ("lvb_val.json", "validation-*.parquet"),
+                          ("videos.tar.part.*",), "datasets/longvideobench"),
+                about="LongVideoBench validation, 1337 MCQ"),
+    SplitConfig("lvbench", "LVBench",
+                (Layout("hub", "data/train-*.parquet", "lvbench_hub"), Layout("publisher", "video_info.meta.jsonl", "lvbench")),
+                HubSource("lmms-lab/LVBench", "train", ("data/*.parquet",), ("video_chunks/*.zip",), "lvbench"),
+                duration_buckets=[1800, 3600], about="LVBench, 1549 MCQ on 30-140 min videos"),
+    SplitConfig("mlvu", "MLVU",
+                (Layout("hub", "mlvu/test-*.parquet", "mlvu_hub"), Layout("publisher", "MLVU/json", "mlvu")),
+                HubSource("sy1998/MLVU_dev", "test", ("mlvu/*.parquet",), ("video_part_*.zip", "action_count.zip"), "mlvu"),
+                duration_buckets=[180, 600], about="MLVU dev, multiple-choice tasks (~2200)"),
+    SplitConfig("mmvu", "MMVU", (Layout("hub", "validation.json", "mmvu"),),
+                HubSource("yale-nlp/MMVU", "validation", ("validation.json",), ("videos/**",), "mmvu"),
+                about="MMVU validation, 1000 MCQ + open-ended"),
+    SplitConfig("charades_sta", "Charades-STA",
+                (Layout("hub", "data/test-*.parquet", "charades_hub"), Layout("publisher", "charades_sta_test.txt", "charades")),
+                HubSource("lmms-lab/charades_sta", "test", ("data/*.parquet",), ("Charades_v1_480_part_*.zip",), "charades_sta"),
+                metric="temporal", about="Charades-STA test, 3720 grounding queries (mIoU, R@0.3/0.5/0.7)"),
+    SplitConfig("synthetic", "synthetic", (Layout("project", "paravt_eval_synth.parquet", "synthetic"),),
+                duration_buckets=[60, 90], about="the tiny synthetic world (materialized by the quickstart)"),
 ]}
+#: Hub ids accepted in place of split names (the id of Video-MME names the split without subtitles).
+HUB_IDS: dict[str, str] = {}
+for _s in SPLITS.values():
+    if _s.hub is not None:
+        HUB_IDS.setdefault(_s.hub.repo_id, _s.name)
+
 #: Public sample counts of the paper's splits (the driver warns when a load differs): Video-MME
 #: 900 videos x 3 questions, LongVideoBench validation, LVBench, MLVU dev multiple choice
 #: (approximate: the release reads the sy1998/MLVU_dev copy), MMVU validation, Charades-STA test.
@@ -237,16 +403,152 @@ def count_check(split: str, loaded: int) -> str | None:
 PAPER_SPLITS = ["videomme", "videomme_sub", "longvideobench", "lvbench", "mlvu", "mmvu", "charades_sta"]
 
 
-def load_split(name: str, data_root: str | Path, path_override: str | None = None) -> list[EvalSample]:
-    if name not in SPLITS:
-        raise ValueError(f"unknown split {name!r}; known: {sorted(SPLITS)}")
-    c = SPLITS[name]
-    root = Path(path_override) if path_override else Path(data_root) / c.dir
-    ann = root / c.annotation
-    if not ann.exists():
-        raise FileNotFoundError(f"split {name}: annotation file {ann} not found (download the dataset under "
-                                f"{root} or pass split_paths.{name}=DIR)")
-    return LOADERS[c.loader](c, root)
+def split_name(name: str) -> str:
+    """A split name, or the Hub id of one (``lmms-lab/LVBench`` -> ``lvbench``)."""
+    if name in SPLITS:
+        return name
+    if name in HUB_IDS:
+        return HUB_IDS[name]
+    raise ValueError(f"unknown split {name!r}; known: {sorted(SPLITS)} or the Hub ids {sorted(HUB_IDS)}")
+
+
+def splits_table() -> str:
+    """The --help table of valid splits: name, Hub id, what it reads."""
+    lines = ["splits (name, or its Hub id; read from data_root/<dir>, else the Hugging Face cache):"]
+    for s in SPLITS.values():
+        hub = f"{s.hub.repo_id} ({s.hub.split})" if s.hub else "-"
+        anns = " | ".join(lay.annotation for lay in s.layouts)
+        lines.append(f"  {s.name:<15} {hub:<40} {s.dir}/{{{anns}}}  {s.about}")
+    return "\n".join(lines)
+
+
+def find_layout(c: SplitConfig, root: Path) -> tuple[Layout, Path] | None:
+    """The first of the split's layouts whose annotation is under ``root``."""
+    for lay in c.layouts:
+        if any(ch in lay.annotation for ch in "*?["):
+            hits = sorted(root.glob(lay.annotation))
+            if hits:
+                return lay, hits[0]
+        elif (root / lay.annotation).exists():
+            return lay, root / lay.annotation
+    return None
+
+
+def hf_home() -> Path:
+    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser()
+
+
+def media_roots(c: SplitConfig, snapshot: Path, media_root: str | None = None) -> list[Path]:
+    """Where a Hub copy's videos are looked up: an explicit folder, the extraction folder
+    (``$HF_HOME/<media dir>``), the release's own MLVU folder, then the snapshot itself."""
+    out = [Path(media_root).expanduser()] if media_root else []
+    if c.hub is not None:
+        out.append(hf_home() / c.hub.media_dir)
+        if c.name == "mlvu":
+            out.append(hf_home() / "MLVU" / "video")  # the release's PARAVT_MLVU_VIDEO_DIR default
+    return out + [snapshot]
+
+
+def check_sample(s: EvalSample, c: SplitConfig) -> str | None:
+    """Why a loaded row is wrong (it is then dropped and counted), or None."""
+    if s.question_type == "mcq":
+        if not s.options:
+            return "no options"
+        if any(not o for o in s.options):
+            return "an empty option"
+        if any(_LETTER_PREFIX.match(o) for o in s.options):
+            return "an option carries another letter (doubled or shuffled letters)"
+        if str(s.answer) not in LETTERS[:len(s.options)]:
+            return "gold letter not among the options"
+        return None
+    if s.question_type == "tvg":
+        a = s.answer
+        if not (isinstance(a, (list, tuple)) and len(a) == 2 and all(isinstance(t, (int, float)) for t in a)):
+            return "span is not [start, end]"
+        if not all(math.isfinite(t) for t in a) or a[0] < 0 or a[1] <= a[0]:
+            return "span is not 0 <= start < end"
+        return None
+    if s.question_type == "oe":
+        return None if str(s.answer or "").strip() else "no answer text"
+    return f"unknown question type {s.question_type!r}"
+
+
+@dataclass
+class LoadReport:
+    split: str
+    where: str  # folder (and Hub id) the annotation came from
+    layout: str
+    dropped: Counter = field(default_factory=Counter)  # reason -> rows
+    first_dropped: dict[str, str] = field(default_factory=dict)  # reason -> first row id
+    missing_video: int = 0
+    missing_subtitle: int = 0
+
+    def line(self, loaded: int) -> str:
+        out = f"{self.split}: loaded {loaded} samples ({self.layout} layout, {self.where})"
+        if self.dropped:
+            out += "; dropped " + ", ".join(f"{n} ({r}; first {self.first_dropped[r]})" for r, n in self.dropped.items())
+        if self.missing_video:
+            out += f"; {self.missing_video} without their video (kept, reported as missing_video)"
+        if self.missing_subtitle:
+            out += f"; {self.missing_subtitle} without a subtitle file"
+        return out
+
+
+def _resolve(c: SplitConfig, data_root: str | Path, path_override: str | None, hub: Any) -> tuple[Roots, Layout, Path]:
+    looked = []
+    for root in ([Path(path_override)] if path_override else [Path(data_root) / c.dir]):
+        hit = find_layout(c, root)
+        if hit:
+            return Roots(root, [root], "local"), hit[0], hit[1]
+        looked.append(f"{root}/{{{', '.join(lay.annotation for lay in c.layouts)}}}")
+    source = getattr(hub, "source", "auto")
+    if c.hub is not None and not path_override and source != "local":
+        from paravt.eval.fetch import HubUnavailable, prepare, snapshot  # noqa: PLC0415
+        try:
+            if getattr(hub, "download", False):  # first use: download and extract like python -m paravt.eval.fetch
+                snap = prepare(c, download=True, cache_dir=getattr(hub, "cache_dir", None),
+                               media_root=getattr(hub, "media_root", None), progress=getattr(hub, "progress", True))
+            else:
+                snap = snapshot(c, download=False, cache_dir=getattr(hub, "cache_dir", None))
+        except HubUnavailable as exc:
+            looked.append(f"the Hugging Face cache: {exc}")
+        else:
+            hit = find_layout(c, snap)
+            if hit:
+                return Roots(snap, media_roots(c, snap, getattr(hub, "media_root", None)), "hub"), hit[0], hit[1]
+            looked.append(f"{c.hub.repo_id} snapshot {snap} has none of {[lay.annotation for lay in c.layouts]}")
+    how = (f"python -m paravt.eval.fetch {c.name}" if c.hub else "python -m paravt.data.materialize / the quickstart")
+    raise FileNotFoundError(f"split {c.name}: annotation not found; looked in " + "; ".join(looked)
+                            + f" (download: {how}, or pass split_paths.{c.name}=DIR)")
+
+
+def load_split(name: str, data_root: str | Path, path_override: str | None = None, hub: Any = None,
+               report: list[LoadReport] | None = None) -> list[EvalSample]:
+    """The checked samples of one split (see the module docstring for where it is looked up).
+    ``hub``: an object with ``source`` (auto | local | hub), ``download``, ``cache_dir``,
+    ``media_root`` (the eval config's ``hub``); ``report`` gets the LoadReport appended."""
+    c = SPLITS[split_name(name)]
+    if getattr(hub, "source", "auto") == "hub" and c.hub is not None and not path_override:
+        data_root = Path("/nonexistent-data-root")  # hub only: skip the local folders
+    roots, layout, ann = _resolve(c, data_root, path_override, hub)
+    samples = LOADERS[layout.loader](c, roots, ann)
+    where = f"{c.hub.repo_id} at {roots.ann}" if roots.source == "hub" else str(roots.ann)
+    rep = LoadReport(c.name, where, layout.name)
+    good = []
+    for s in samples:
+        why = check_sample(s, c)
+        if why:
+            rep.dropped[why] += 1
+            rep.first_dropped.setdefault(why, s.id)
+            continue
+        rep.missing_video += not s.video_exists
+        rep.missing_subtitle += bool(c.subtitles and s.subtitle and not Path(s.subtitle).is_file())
+        good.append(s)
+    if rep.dropped:
+        log.warning(rep.line(len(good)))
+    if report is not None:
+        report.append(rep)
+    return good
 
 
 def read_srt(path: str | Path, max_chars: int | None = None) -> str:

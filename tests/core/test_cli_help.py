@@ -77,5 +77,11 @@ def test_eval_help_lists_every_split():
     from paravt.core.config import config_help
     from paravt.eval.driver import EvalConfig
     from paravt.eval.splits import SPLITS
-    line = next(ln for ln in config_help(EvalConfig, "x").splitlines() if ln.lstrip().startswith("splits"))
+    text = config_help(EvalConfig, "x")
+    line = next(ln for ln in text.splitlines() if ln.lstrip().startswith("splits ="))
     assert all(name in line for name in SPLITS), line
+    # the table at the end: each split's name, Hub id and the files it reads
+    table = text.split("splits (name, or its Hub id")[1]
+    for s in SPLITS.values():
+        row = next(ln for ln in table.splitlines() if ln.split() and ln.split()[0] == s.name)
+        assert all(lay.annotation in row for lay in s.layouts) and (s.hub is None or s.hub.repo_id in row), row

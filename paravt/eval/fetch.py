@@ -1,0 +1,309 @@
+"""Get benchmark splits from the Hugging Face Hub by id, the way each dataset ships them.
+
+    python -m paravt.eval.fetch videomme mlvu lmms-lab/charades_sta      # download + extract
+    python -m paravt.eval.fetch --annotations-only lvbench                # the question files only
+    HF_HUB_OFFLINE=1 python -m paravt.eval.fetch videomme                 # check a filled cache, no network
+
+Each split's Hub id and files are those the authors' release loads (``paravt.eval.splits.SPLITS``,
+``HubSource``). The files go to the Hugging Face cache (``huggingface_hub.snapshot_download``:
+``HF_HOME``/``HF_HUB_CACHE``, resumable, its own progress bars, a token from ``HF_TOKEN`` for the
+gated sets); archives are then extracted to ``$HF_HOME/<media dir>`` (the folder lmms-eval uses,
+``--media-root`` to change it): zips one by one, split tars (``videos.tar.part.aa``, ``.ab``, ...)
+streamed as one tar without writing the joined file. Extraction is resumable: a member already on
+disk with its size is skipped, each file is written under a temporary name and renamed when
+complete, and a finished archive leaves a marker (``.paravt-extracted/<archive>.json``). A member
+whose path would leave the target folder stops the run with its name.
+
+The eval driver resolves the same cache (``hub.source``, ``hub.download`` in its config), so after
+this command ``splits=[videomme]`` runs without any data_root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import tarfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Iterator
+
+from tqdm import tqdm
+
+from paravt.eval.splits import SPLITS, SplitConfig, hf_home, load_split, split_name
+
+MARKER_DIR = ".paravt-extracted"
+
+
+class HubUnavailable(RuntimeError):
+    """The split is not in the cache and could not (or may not) be downloaded."""
+
+
+@dataclass
+class HubOptions:
+    """Where a split's Hub copy is looked up (the eval config's ``hub`` has the same fields)."""
+    source: str = "auto"  # auto: data_root first, then the Hub cache | local | hub
+    download: bool = False  # download (and extract) a split the cache does not hold
+    cache_dir: str | None = None  # None: huggingface_hub's (HF_HUB_CACHE, else $HF_HOME/hub)
+    media_root: str | None = None  # None: $HF_HOME/<media dir of the split>
+
+
+def snapshot(c: SplitConfig, *, download: bool = False, cache_dir: str | None = None, with_media: bool = False) -> Path:
+    """The local snapshot folder of the split's Hub dataset (annotations, plus the media files
+    when ``with_media``): from the cache, or downloaded when ``download`` (HF_HUB_OFFLINE=1 keeps
+    it offline). HubUnavailable, one line, when it cannot be had."""
+    if c.hub is None:
+        raise HubUnavailable(f"split {c.name} has no Hub dataset")
+    try:
+        from huggingface_hub import snapshot_download  # noqa: PLC0415
+    except ImportError as exc:  # pragma: no cover - a dependency of transformers
+        raise HubUnavailable(f"huggingface_hub is not installed ({exc})") from None
+    patterns = list(c.hub.annotations) + (list(c.hub.media) if with_media else [])
+    try:
+        path = snapshot_download(c.hub.repo_id, repo_type="dataset", allow_patterns=patterns,
+                                 cache_dir=cache_dir, local_files_only=not download)
+    except Exception as exc:  # noqa: BLE001 - LocalEntryNotFound, IncompleteSnapshot, gated, HTTP, OS errors
+        msg = " ".join(str(exc).split())[:400]
+        hint = "" if download else " (not in the cache; python -m paravt.eval.fetch downloads it)"
+        raise HubUnavailable(f"{c.hub.repo_id}: {type(exc).__name__}: {msg}{hint}") from None
+    return Path(path)
+
+
+# ------------------------------------------------------------------------------------ archives
+@dataclass
+class Archive:
+    name: str  # zip file name, or the joined tar's name for split parts
+    parts: list[Path]
+    kind: str  # zip | tar
+
+    @property
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.parts)
+
+
+_TAR_PART = re.compile(r"^(?P<base>.+\.tar(?:\.gz)?)(?:\.part)?\.(?P<suffix>[a-z]{2,3}|\d{2,4})$")
+
+
+def find_archives(snap: Path, patterns: tuple[str, ...] | list[str]) -> list[Archive]:
+    """The archives among the snapshot files matching ``patterns`` (plain files, e.g. MMVU's mp4s,
+    are used where they are). Split tars are grouped under their joined name, parts in order."""
+    files = sorted({p for pat in patterns for p in snap.glob(pat) if p.is_file()})
+    out: list[Archive] = []
+    tars: dict[str, list[Path]] = {}
+    for p in files:
+        n = p.name
+        if n.endswith(".zip"):
+            out.append(Archive(n, [p], "zip"))
+        elif (m := _TAR_PART.match(n)) is not None:
+            tars.setdefault(m.group("base"), []).append(p)
+        elif n.endswith((".tar", ".tar.gz", ".tgz")):
+            out.append(Archive(n, [p], "tar"))
+    out += [Archive(base, sorted(parts, key=lambda q: q.name), "tar") for base, parts in sorted(tars.items())]
+    return out
+
+
+class _Joined(io.RawIOBase):
+    """The parts of a split archive read as one stream (no joined copy on disk)."""
+
+    def __init__(self, parts: list[Path], bar: tqdm | None = None):
+        self._parts = list(parts)
+        self._f: IO[bytes] | None = None
+        self._bar = bar
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while True:
+            if self._f is None:
+                if not self._parts:
+                    return 0
+                self._f = open(self._parts.pop(0), "rb")  # noqa: SIM115 - closed when exhausted
+            n = self._f.readinto(b)
+            if n:
+                if self._bar is not None:
+                    self._bar.update(n)
+                return n
+            self._f.close()
+            self._f = None
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+        super().close()
+
+
+def _target(dest: Path, member: str, archive: str) -> Path:
+    rel = Path(member)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError(f"{archive}: member {member!r} would be written outside {dest}; not extracting it")
+    return dest / rel
+
+
+def _write(src: IO[bytes], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".paravt-part")
+    with open(tmp, "wb") as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    os.replace(tmp, target)
+
+
+def _members_zip(a: Archive, bar: tqdm | None) -> Iterator[tuple[str, int, IO[bytes] | None]]:
+    with zipfile.ZipFile(a.parts[0]) as z:
+        for info in z.infolist():
+            if not info.is_dir():
+                yield info.filename, info.file_size, _LazyZipMember(z, info)
+            if bar is not None:
+                bar.update(info.compress_size)
+
+
+class _LazyZipMember:
+    def __init__(self, z: zipfile.ZipFile, info: zipfile.ZipInfo):
+        self.z, self.info = z, info
+
+    def open(self) -> IO[bytes]:
+        return self.z.open(self.info)
+
+
+def extract(a: Archive, dest: Path, progress: bool = True) -> dict[str, int]:
+    """Extract one archive into ``dest`` (resumable, see the module docstring). Returns counts:
+    written, skipped (already there with their size), and ``done`` 1 when the marker said so."""
+    dest.mkdir(parents=True, exist_ok=True)
+    marker = dest / MARKER_DIR / f"{a.name}.json"
+    stamp = [[p.name, p.stat().st_size] for p in a.parts]
+    if marker.is_file():
+        try:
+            if json.loads(marker.read_text()).get("parts") == stamp:
+                return {"written": 0, "skipped": 0, "done": 1}
+        except (OSError, ValueError):
+            pass
+    counts = {"written": 0, "skipped": 0, "done": 0}
+    bar = tqdm(total=a.size, unit="B", unit_scale=True, desc=f"extract {a.name}", disable=not progress, leave=False)
+    try:
+        if a.kind == "zip":
+            for name, size, member in _members_zip(a, bar):
+                target = _target(dest, name, a.name)
+                if target.is_file() and target.stat().st_size == size:
+                    counts["skipped"] += 1
+                    continue
+                with member.open() as src:
+                    _write(src, target)
+                counts["written"] += 1
+        else:
+            stream = io.BufferedReader(_Joined(a.parts, bar), buffer_size=1 << 20)
+            with tarfile.open(fileobj=stream, mode="r|*") as tf:
+                for m in tf:
+                    if not m.isfile():  # folders are made as needed; links are not followed
+                        continue
+                    target = _target(dest, m.name, a.name)
+                    if target.is_file() and target.stat().st_size == m.size:
+                        counts["skipped"] += 1
+                        continue
+                    src = tf.extractfile(m)
+                    assert src is not None
+                    _write(src, target)
+                    counts["written"] += 1
+    finally:
+        bar.close()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"parts": stamp, **counts}))
+    return counts
+
+
+# ------------------------------------------------------------------------------------ one split
+def media_dir(c: SplitConfig, media_root: str | None = None) -> Path:
+    assert c.hub is not None
+    return Path(media_root).expanduser() if media_root else hf_home() / c.hub.media_dir
+
+
+def prepare(c: SplitConfig, *, download: bool, cache_dir: str | None = None, media_root: str | None = None,
+            progress: bool = True, counts: dict[str, dict[str, int]] | None = None) -> Path:
+    """The split's snapshot with its media, archives extracted (what the driver does on first use
+    with ``hub.download=true``)."""
+    snap = snapshot(c, download=download, cache_dir=cache_dir, with_media=True)
+    dest = media_dir(c, media_root)
+    assert c.hub is not None
+    for a in find_archives(snap, c.hub.media):
+        done = extract(a, dest, progress)
+        if counts is not None:
+            counts[a.name] = done
+    return snap
+
+
+@dataclass
+class Fetched:
+    split: str
+    repo_id: str
+    snapshot: Path
+    media_dir: Path
+    archives: dict[str, dict[str, int]] = field(default_factory=dict)
+    samples: int = 0
+    with_video: int = 0
+    report: str = ""
+
+
+def fetch_split(name: str, *, cache_dir: str | None = None, media_root: str | None = None, annotations_only: bool = False,
+                download: bool = True, progress: bool = True) -> Fetched:
+    """Download (unless ``download`` is false: the cache only) and extract one split, then load it
+    through the eval driver's own path and count the samples whose video is there."""
+    c = SPLITS[split_name(name)]
+    if c.hub is None:
+        raise HubUnavailable(f"split {c.name} has no Hub dataset (it is built by the project)")
+    res = Fetched(c.name, c.hub.repo_id, Path(), media_dir(c, media_root))
+    if annotations_only:
+        res.snapshot = snapshot(c, download=download, cache_dir=cache_dir)
+    else:
+        res.snapshot = prepare(c, download=download, cache_dir=cache_dir, media_root=media_root, progress=progress,
+                               counts=res.archives)
+    from paravt.eval.splits import LoadReport  # noqa: PLC0415
+    reports: list[LoadReport] = []
+    samples = load_split(c.name, "/nonexistent-data-root", None,
+                         HubOptions(source="hub", cache_dir=cache_dir, media_root=media_root), reports)
+    res.samples, res.with_video = len(samples), sum(s.video_exists for s in samples)
+    res.report = reports[0].line(len(samples)) if reports else ""
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m paravt.eval.fetch", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="splits: " + ", ".join(f"{s.name} ({s.hub.repo_id})" for s in SPLITS.values() if s.hub))
+    p.add_argument("splits", nargs="+", help="split names or Hub ids (e.g. videomme lmms-lab/LVBench)")
+    p.add_argument("--cache-dir", default=None, help="Hub cache (default: HF_HUB_CACHE or $HF_HOME/hub)")
+    p.add_argument("--media-root", default=None, help="extract the videos here (default: $HF_HOME/<media dir>)")
+    p.add_argument("--annotations-only", action="store_true", help="only the question files (no videos)")
+    p.add_argument("--offline", action="store_true", help="use the cache only (like HF_HUB_OFFLINE=1)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        names = list(dict.fromkeys(split_name(s) for s in a.splits))
+    except ValueError as exc:
+        print(f"fetch: {exc}", file=sys.stderr)
+        return 2
+    failed = 0
+    for n in names:
+        try:
+            r = fetch_split(n, cache_dir=a.cache_dir, media_root=a.media_root, annotations_only=a.annotations_only,
+                            download=not a.offline, progress=not a.no_progress)
+        except (HubUnavailable, FileNotFoundError, ValueError, OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
+            print(f"fetch: {n}: {' '.join(str(exc).split())}", file=sys.stderr)
+            failed += 1
+            continue
+        done = ", ".join(f"{k}: " + ("already extracted" if v["done"] else f"{v['written']} written, {v['skipped']} kept")
+                         for k, v in r.archives.items())
+        where = f"videos {r.media_dir} ({done})" if r.archives else "videos in the snapshot (not archived)"
+        print(f"{n}: {r.repo_id} -> annotations {r.snapshot}; " + (where if not a.annotations_only else "no videos"))
+        print(f"  {r.report}; {r.with_video} of {r.samples} have their video", flush=True)
+        if r.with_video < r.samples and not a.annotations_only:
+            failed += 1
+            print(f"fetch: {n}: {r.samples - r.with_video} samples have no video after extraction", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
