@@ -33,9 +33,10 @@ from paravt.agent.tools import CropConfig
 from paravt.core.config import parse_cli
 from paravt.core.metrics import append_jsonl, read_jsonl
 from paravt.core.prompts import AGENTIC_MODES
-from paravt.core.scoring import episode_well_formed, recall_at
+from paravt.core.scoring import episode_well_formed, extract_mcq_letter, recall_at
 from paravt.core.scoring import score as score_completion
 from paravt.engines.factory import build_engine
+from paravt.eval.judge import MCQJudge, MCQJudgeConfig
 from paravt.eval.splits import HUB_IDS, SPLITS, EvalSample, LoadReport, count_check, load_split, read_srt, splits_table
 
 log = logging.getLogger("paravt.eval")
@@ -105,7 +106,9 @@ def run_identity(cfg: "EvalConfig", split: str) -> dict[str, Any]:
             "temperature": cfg.temperature, "final_answer_tokens": [cfg.final_answer_tokens_mcq,
                                                                      cfg.final_answer_tokens_tvg],
             "subtitle_max_chars": cfg.subtitle_max_chars, "crop": asdict(cfg.crop),
-            "shard": [cfg.shard_id, cfg.num_shards]}
+            "shard": [cfg.shard_id, cfg.num_shards],
+            **({"mcq_judge": {"base_url": cfg.mcq_judge.base_url, "model": cfg.mcq_judge.model}}
+               if cfg.mcq_judge.base_url else {})}
 
 
 def bootstrap_stderr(values: list[float], seed: int = 0, n_boot: int = 1000) -> float:
@@ -205,6 +208,9 @@ class EvalConfig:
     # Lost samples (an engine, server, video or tool failure; not the model's own bad answers or calls)
     # allowed per split before the run exits non-zero: 0.0 = any lost sample fails the run.
     max_error_fraction: float = 0.0
+    # Optional LLM-judge fallback for MCQ replies with no extractable letter: reported as
+    # accuracy_with_judge beside the strict accuracy, never in place of it (paravt.eval.judge).
+    mcq_judge: MCQJudgeConfig = field(default_factory=MCQJudgeConfig)
     retries: int = 3  # retries of one server request after its first attempt (backoff 1, 2, 4 s); episodes are not retried
     dtype: str = "float32"  # in-process engine dtype
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -317,6 +323,12 @@ def summarize(records: list[dict[str, Any]], metric: str = "accuracy") -> dict[s
         out["accuracy"] = sum(r["correct"] for r in cls) / len(cls)
         n_cls_all = sum(r["question_type"] != "tvg" for r in records)
         out["accuracy_missing_as_wrong"] = sum(r["correct"] for r in cls) / max(n_cls_all, 1)
+        judged = [r for r in cls if "judge_correct" in r or "judge_error" in r]
+        if judged:  # the judge fallback, beside the strict score (paravt.eval.judge)
+            out["judge"] = {"consulted": len(judged), "chose_letter": sum(bool(r.get("judge_pred")) for r in judged),
+                            "chose_none": sum(r.get("judge_pred") == "" for r in judged),
+                            "errors": sum("judge_error" in r for r in judged)}
+            out["accuracy_with_judge"] = sum(r["correct"] or r.get("judge_correct", 0.0) for r in cls) / len(cls)
     if tvg:
         ious = [r["iou"] for r in tvg]
         out["mIoU"] = sum(ious) / len(ious)
@@ -354,6 +366,7 @@ class Evaluator:
         self.engine = None
         self.processor = None
         self.handles: list = []  # EngineHandle per engine (servers this run launched stop with them)
+        self.judge: MCQJudge | None = None  # the MCQ judge fallback's client, per split (its own event loop)
 
     # ------------------------------------------------------------------ engines
     def _start(self) -> None:
@@ -406,11 +419,15 @@ class Evaluator:
 
     async def _split_then_close(self, split: str) -> dict[str, Any]:
         """One split on this event loop; the clients' HTTP sessions close with it."""
+        self.judge = MCQJudge(self.cfg.mcq_judge) if self.cfg.mcq_judge.base_url else None
         try:
             return await self._run_split(split)
         finally:
             for h in self.handles:
                 await h.aclose()
+            if self.judge is not None:
+                await self.judge.close()
+                self.judge = None
 
     def _engine_for(self, i: int):
         return self.engine[i % len(self.engine)] if isinstance(self.engine, list) else self.engine
@@ -457,6 +474,12 @@ class Evaluator:
             if traj.end_reason == "error":
                 return rec
         rec.update(score(s, traj.completion_text))
+        if self.judge is not None and s.question_type == "mcq" and extract_mcq_letter(rec["pred"] or "") is None:
+            try:  # no letter for the strict scorer: the judge's reading goes beside it, never over it
+                letter = await self.judge(s.question, traj.completion_text, len(s.options) or 4)
+                rec["judge_pred"], rec["judge_correct"] = letter or "", float(letter is not None and letter == s.answer)
+            except Exception as exc:  # noqa: BLE001 - a failed judge leaves the strict score as it is
+                rec["judge_error"] = f"{type(exc).__name__}: {exc}"[:300]
         rec.update({"tool_calls": traj.stats["tool_calls"], "turns": len(traj.turns), "end_reason": traj.end_reason,
                     "well_formed": episode_well_formed([t.text for t in traj.turns])
                     if cfg.prompt_mode != "direct" else True, "seconds": round(time.perf_counter() - t0, 3)})
@@ -603,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     except ResumeMismatch as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({k: {m: v.get(m) for m in ("accuracy", "mIoU", "avg_tool_calls", "tool_usage_rate", "evaluated",
+    print(json.dumps({k: {m: v.get(m) for m in ("accuracy", "accuracy_with_judge", "mIoU", "avg_tool_calls", "tool_usage_rate", "evaluated",
                                               "missing_video", "errors", "error") if m in v} for k, v in results.items()},
                      indent=2))
     print((Path(cfg.out) / "summary.md").read_text())
