@@ -34,7 +34,7 @@ from paravt.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
 from paravt.core import prompts
 from paravt.core.seeding import stable_hash
 from paravt.core.toolcall import parse_tool_calls
-from paravt.core.video import Frame, probe, sample_overview
+from paravt.core.video import Frame, probe, run_decode, sample_overview
 from paravt.engines.base import ChatEngine, SamplingParams
 from paravt.models.images import ImageInputs
 
@@ -187,8 +187,8 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
     is_chat = isinstance(engine, ChatEngine)
 
     # 1. Overview (K frames) and the prompt, cached per (sample id, K).
-    ov = await asyncio.to_thread((cache or OverviewCache(1)).get, sample, k, cfg,
-                                 None if is_chat else processor, schemas)
+    ov = await run_decode((cache or OverviewCache(1)).get, sample, k, cfg,  # decode pool, off the loop
+                          None if is_chat else processor, schemas)
     conv = (ChatConversation(engine, ov.messages, cfg.prefix) if is_chat
             else TokenConversation(engine, processor, ov.prompt_ids, ov.images, ov.messages, cfg.prefix))
     traj = Trajectory(sample.sample_id, k, conv.record, overview_times=[f.timestamp for f in ov.frames],

@@ -20,7 +20,7 @@ from typing import Any
 from paravt.agent.trajectory import SequenceRecord, SubAgentTrajectory
 from paravt.core import prompts
 from paravt.core.toolcall import CROP_VIDEO_SCHEMA, ToolCall, is_number
-from paravt.core.video import VideoError, sample_crop
+from paravt.core.video import VideoError, run_decode, sample_crop
 from paravt.engines.base import ChatEngine, SamplingParams
 
 TOOL_REGISTRY: dict[str, type["Tool"]] = {}
@@ -145,7 +145,7 @@ class CropVideo(Tool):
             return self.error(str(exc), t0)
         c = self.cfg
         try:
-            frames = await asyncio.to_thread(sample_crop, ctx.video_path, start, end, c.fps, c.min_frames,
+            frames = await run_decode(sample_crop, ctx.video_path, start, end, c.fps, c.min_frames,
                                              c.max_frames, c.factor, c.min_pixels, c.max_pixels)
         except VideoError as exc:  # the episode's own video: not the model's mistake
             return self.error(str(exc), t0, fault=True)

@@ -1,4 +1,10 @@
-"""Video sampling shared by SFT, RL and eval: decord first, PyAV as a fallback.
+"""Video sampling shared by SFT, RL and eval.
+
+Frames come from one :class:`VideoReader` per video (PyAV; seek to the keyframe before each
+target, frame-exact, shared by the probe, the overview and every crop of an episode and its GRPO
+group, resized frames cached; decoded in :data:`DECODE_POOL` off the asyncio loop).
+``backend="decord"`` keeps the design's original decoder (one ``get_batch`` per call, the path of
+qwen-vl-utils the release uses); benchmarks/README.md compares them on 720p H.264.
 
 Every sampled frame carries its timestamp in seconds. Frames are resized Qwen-style
 (:func:`smart_resize`): both sides a multiple of ``patch_size * merge_size`` and the area
@@ -11,6 +17,10 @@ A missing or undecodable file raises :class:`VideoError` naming the file.
 from __future__ import annotations
 
 import math
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -104,7 +114,7 @@ def _check_file(path: str) -> str:
 def _decord_reader(path: str):
     try:
         import decord  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - decord is in every requirements file
+    except ImportError:  # no decord wheel (aarch64): the PyAV reader serves every call
         return None
     try:
         return decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
@@ -112,57 +122,298 @@ def _decord_reader(path: str):
         raise VideoError(f"cannot decode video {path}: {exc}") from exc
 
 
-def probe(path: str) -> VideoInfo:
-    """Duration, fps and size of a video."""
-    p = _check_file(path)
-    vr = _decord_reader(p)
-    if vr is not None:
-        n = len(vr)
-        if n == 0:
-            raise VideoError(f"video has no frames: {p}")
-        fps = float(vr.get_avg_fps())
-        h, w = vr[0].shape[:2]
-        return VideoInfo(p, n / fps, fps, n, int(w), int(h))
-    return _probe_av(p)
+#: The decoder every sampler uses unless told otherwise: ``pyav`` (:class:`VideoReader`, keyframe
+#: seeks; benchmarks/README.md has the numbers) or ``decord`` (the design's original choice and
+#: the release's, through qwen-vl-utils; one ``get_batch`` per call).
+DEFAULT_BACKEND = "pyav"
+BACKENDS = ("pyav", "decord")
 
 
-def _probe_av(p: str) -> VideoInfo:
+def _open_stream(path: str, threads: int):
     import av  # noqa: PLC0415
 
     try:
-        with av.open(p) as c:
-            s = c.streams.video[0]
-            fps = float(s.average_rate or 1)
-            n = s.frames or sum(1 for _ in c.decode(video=0))
-            return VideoInfo(p, n / fps, fps, n, s.codec_context.width, s.codec_context.height)
-    except Exception as exc:
-        raise VideoError(f"cannot decode video {p}: {exc}") from exc
+        c = av.open(path)
+        s = c.streams.video[0]
+    except Exception as exc:  # noqa: BLE001 - av.error.* / IndexError (no video stream)
+        raise VideoError(f"cannot decode video {path}: {exc}") from exc
+    s.thread_type = "AUTO"
+    s.codec_context.thread_count = threads
+    return c, s
 
 
-def _decode_indices(p: str, indices: Sequence[int]) -> np.ndarray:
-    vr = _decord_reader(p)
-    if vr is not None:
+class _Decoder:
+    """One demuxer + decoder over the file and its position (see :class:`VideoReader`)."""
+
+    SKIP_MARGIN = 10  # frames before a target decoded in full: the reordering + frame-thread delay (misses are retried)
+    DEFAULT_GOP = 250  # x264's default keyint, until two keyframes are seen in one forward run
+
+    def __init__(self, path: str, threads: int, start: int, tb, rate, stats: dict):
+        self.path = path
+        self.c, self.s = _open_stream(path, threads)
+        self._start, self._tb, self._rate, self.stats = start, tb, rate, stats
+        self.gen = None
+        self.pos: int | None = None
+        self.gop = self.DEFAULT_GOP
+        self.last_key: int | None = None
+        self.keys: set[int] = set()  # keyframe indices seen
+
+    def index(self, pts: int) -> int:  # constant frame rate, as decord assumes
+        return int(round(float((pts - self._start) * self._tb * self._rate)))
+
+    def pts(self, index: int) -> int:
+        return self._start + int(round(float(index / self._rate / self._tb)))
+
+    def seek(self, index: int) -> None:
+        self.c.seek(self.pts(index), stream=self.s, backward=True, any_frame=False)
+        self.gen = self.c.decode(self.s)
+        self.pos = self.last_key = None
+        self.stats["seeks"] += 1
+
+    def next_frame(self, target: int, skip: bool):
+        """Decode forward to the first frame at or after ``target``: (index, frame) or (None, None)."""
+        cc = self.s.codec_context
+        for fr in self.gen:  # type: ignore[union-attr]
+            if fr.pts is None:
+                continue
+            i = self.index(fr.pts)
+            self.stats["decoded"] += 1
+            if fr.key_frame:
+                if self.last_key is not None and self.pos is not None and self.pos >= self.last_key \
+                        and 0 < i - self.last_key:  # two keyframes in one forward run: a true gap
+                    self.gop = i - self.last_key
+                self.last_key = i
+                self.keys.add(i)
+            self.pos = i
+            want = "NONREF" if skip and target - i > self.SKIP_MARGIN else "DEFAULT"
+            if cc.skip_frame != want:
+                cc.skip_frame = want
+            if i >= target:
+                return i, fr
+        return None, None
+
+    def frame(self, target: int):
+        for attempt, skip in enumerate((True, False)):
+            if attempt or self.gen is None or self.pos is None or target <= self.pos \
+                    or target - self.pos > self.gop / 2 or any(self.pos < k <= target for k in self.keys):
+                self.seek(target)
+            i, fr = self.next_frame(target, skip)
+            if i == target:
+                return fr
+            self.stats["retries"] += 1  # passed over (a skipped frame, a timestamp gap): again, no skipping
+            self.gen = None
+        raise VideoError(f"frame {target} of {self.path} not found (decoded up to {self.pos})")
+
+    def run(self, targets: list[int], out: dict, post=None) -> None:
         try:
-            return vr.get_batch(list(indices)).asnumpy()
-        except Exception as exc:
-            raise VideoError(f"cannot decode frames {list(indices)[:4]}... of {p}: {exc}") from exc
-    import av  # noqa: PLC0415
+            for t in targets:
+                a = self.frame(t).to_ndarray(format="rgb24")
+                out[t] = post(a) if post is not None else a
+        finally:
+            self.s.codec_context.skip_frame = "DEFAULT"
 
-    wanted = set(indices)
-    got: dict[int, np.ndarray] = {}
-    try:
-        with av.open(p) as c:
-            for i, fr in enumerate(c.decode(video=0)):
-                if i in wanted:
-                    got[i] = fr.to_ndarray(format="rgb24")
-                if len(got) == len(wanted):
-                    break
-    except Exception as exc:
-        raise VideoError(f"cannot decode video {p}: {exc}") from exc
-    missing = wanted - set(got)
-    if missing:
-        raise VideoError(f"frames {sorted(missing)[:4]} not found in {p}")
-    return np.stack([got[i] for i in indices])
+    def close(self) -> None:
+        self.gen = None
+        self.c.close()
+
+
+class VideoReader:
+    """One open video: its metadata from the container (nothing decoded) and any frames by index,
+    frame-exact (frame ``i`` is the ``i``-th in presentation order, the frame decord returns for
+    ``i``), at a cost that does not grow with the position in the file or its length.
+
+    PyAV, per requested index in ascending order: seek to the keyframe before the target
+    (``backward=True``) when a keyframe seen earlier lies between the current position and the
+    target, or when the target is more than half a GOP ahead (the expected cost of decoding from
+    the unknown keyframe before it; the GOP is learnt from consecutive keyframes seen while
+    decoding, 250 frames — x264's default — until then); otherwise keep decoding forward.
+    While the target is more than ``SKIP_MARGIN`` frames ahead, frames no other frame references
+    (``skip_frame=NONREF``: H.264 ``nal_ref_idc = 0``) are not decoded at all; near it every frame
+    is. Targets spread over more than two GOPs are split in ``workers`` contiguous runs decoded
+    at once by separate demuxer/decoder pairs of this reader (FFmpeg releases the GIL). If a target
+    is ever passed without being seen (a skipped frame, a timestamp gap) the reader seeks again
+    with skipping off; a frame still missing is a VideoError. Not thread-safe: hold :attr:`lock`
+    (the samplers do).
+    """
+
+    def __init__(self, path: str, threads: int = 1, workers: int | None = None):
+        self.path = _check_file(path)
+        self.threads = threads
+        self.workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
+        self.stats = {"seeks": 0, "decoded": 0, "retries": 0}
+        first = _Decoder.__new__(_Decoder)  # opened below once the stream's timing is known
+        c, s = _open_stream(self.path, threads)
+        tb = s.time_base
+        rate = s.average_rate or s.guessed_rate or s.base_rate
+        if not rate or not tb:
+            c.close()
+            raise VideoError(f"cannot decode video {self.path}: no frame rate or time base")
+        start = s.start_time or 0
+        n = int(s.frames or 0)
+        if n <= 0:  # containers without a frame count (mkv, webm): from the duration, as decord does
+            dur = float(s.duration * tb) if s.duration else (c.duration or 0) / 1e6
+            n = int(round(dur * float(rate)))
+        if n <= 0:
+            c.close()
+            raise VideoError(f"video has no frames: {self.path}")
+        cc = s.codec_context
+        self.info = VideoInfo(self.path, n / float(rate), float(rate), n, int(cc.width), int(cc.height))
+        self._timing = (start, tb, rate)
+        first.path, first.c, first.s = self.path, c, s
+        first._start, first._tb, first._rate, first.stats = start, tb, rate, self.stats
+        first.gen, first.pos, first.gop, first.last_key, first.keys = None, None, _Decoder.DEFAULT_GOP, None, set()
+        self._decoders = [first]
+        self.lock = threading.Lock()
+        self.frame_cache: OrderedDict[tuple, Image.Image] = OrderedDict()  # (index, resize) -> image
+
+    def _decoder(self, k: int) -> _Decoder:
+        while len(self._decoders) <= k:
+            self._decoders.append(_Decoder(self.path, self.threads, *self._timing, self.stats))
+        return self._decoders[k]
+
+    def frames(self, indices: Sequence[int], post=None):
+        """RGB frames (N, H, W, 3) for ``indices`` (any order, repeats allowed); with ``post``, the
+        list of ``post(frame)`` instead, computed in the decoding threads (e.g. the resize: Pillow
+        and FFmpeg release the GIL, so it runs on every core)."""
+        want = sorted(set(int(i) for i in indices))
+        bad = [i for i in want if not 0 <= i < self.info.num_frames]
+        if bad:
+            raise VideoError(f"frames {bad[:4]} outside 0..{self.info.num_frames - 1} of {self.path}")
+        gop = self._decoders[0].gop
+        w = min(self.workers, len(want)) if want and want[-1] - want[0] > 2 * gop else 1
+        runs = [want[len(want) * k // w: len(want) * (k + 1) // w] for k in range(w)]
+        got: dict[int, np.ndarray] = {}
+        errors: list[BaseException] = []
+
+        def work(k: int) -> None:
+            try:
+                self._decoder(k).run(runs[k], got, post)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below in the caller's thread
+                errors.append(exc)
+
+        for k in range(1, w):  # open the extra decoders here (not concurrently)
+            self._decoder(k)
+        threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(1, w)]
+        for t in threads:
+            t.start()
+        work(0)
+        for t in threads:
+            t.join()
+        if errors:
+            exc = errors[0]
+            if isinstance(exc, VideoError):
+                raise exc
+            raise VideoError(f"cannot decode frames of {self.path}: {type(exc).__name__}: {exc}") from exc
+        if post is not None:
+            return [got[int(i)] for i in indices]
+        return np.stack([got[int(i)] for i in indices])
+
+    def close(self) -> None:
+        for d in self._decoders:
+            d.close()
+        self._decoders = []
+
+
+class _ReaderCache:
+    """Open readers by file (path, size, mtime), least recently used closed first: one reader per
+    video serves the probe, the overview and every crop of an episode and of its GRPO group."""
+
+    def __init__(self, max_open: int = 16):
+        self.max_open = max_open
+        self._items: OrderedDict[tuple, VideoReader] = OrderedDict()
+        self._guard = threading.Lock()
+        self.opened = 0
+
+    def get(self, path: str) -> VideoReader:
+        p = _check_file(path)
+        st = os.stat(p)
+        key = (os.path.realpath(p), st.st_size, st.st_mtime_ns)
+        with self._guard:
+            r = self._items.get(key)
+            if r is not None:
+                self._items.move_to_end(key)
+                return r
+        r = VideoReader(p)
+        with self._guard:
+            if key in self._items:  # another thread opened it meanwhile
+                r.close()
+                return self._items[key]
+            self._items[key] = r
+            self.opened += 1
+            while len(self._items) > self.max_open:
+                _, old = self._items.popitem(last=False)
+                with old.lock:
+                    old.close()
+            return r
+
+    def clear(self) -> None:
+        with self._guard:
+            for r in self._items.values():
+                with r.lock:
+                    r.close()
+            self._items.clear()
+
+
+READERS = _ReaderCache()
+#: Decoding runs here, off the asyncio loop and apart from the engine's worker threads.
+DECODE_POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="paravt-decode")
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) must not share the parent's open files or pool threads:
+    it starts with no readers (the parent's are left to the parent) and a fresh pool. The inherited
+    readers are kept referenced, never freed: freeing a decoder in the child waits for FFmpeg
+    threads that only exist in the parent (measured: the child hangs)."""
+    global READERS, DECODE_POOL
+    _INHERITED.append((READERS, DECODE_POOL))
+    READERS = _ReaderCache(READERS.max_open)
+    DECODE_POOL = ThreadPoolExecutor(max_workers=DECODE_POOL._max_workers, thread_name_prefix="paravt-decode")
+
+
+_INHERITED: list = []
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def open_reader(path: str) -> VideoReader:
+    """The shared :class:`VideoReader` of ``path`` (see :data:`READERS`)."""
+    return READERS.get(path)
+
+
+async def run_decode(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in :data:`DECODE_POOL` (sub-agents keep generating meanwhile)."""
+    import asyncio  # noqa: PLC0415
+    import functools  # noqa: PLC0415
+
+    pool = DECODE_POOL  # looked up now: a forked child has its own
+    return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args, **kwargs))
+
+
+def probe(path: str, backend: str | None = None) -> VideoInfo:
+    """Duration, fps and size of a video (from the container; nothing decoded with PyAV)."""
+    if (backend or DEFAULT_BACKEND) == "decord":
+        p = _check_file(path)
+        vr = _decord_reader(p)
+        if vr is not None:
+            n = len(vr)
+            if n == 0:
+                raise VideoError(f"video has no frames: {p}")
+            fps = float(vr.get_avg_fps())
+            h, w = vr[0].shape[:2]
+            return VideoInfo(p, n / fps, fps, n, int(w), int(h))
+    return open_reader(path).info
+
+
+def _decode_indices(p: str, indices: Sequence[int], backend: str | None = None) -> np.ndarray:
+    if (backend or DEFAULT_BACKEND) == "decord":
+        vr = _decord_reader(p)
+        if vr is not None:
+            try:
+                return vr.get_batch(list(indices)).asnumpy()
+            except Exception as exc:
+                raise VideoError(f"cannot decode frames {list(indices)[:4]}... of {p}: {exc}") from exc
+    r = open_reader(p)
+    with r.lock:
+        return r.frames(indices)
 
 
 def frame_indices(num_frames: int, fps: float, times: Sequence[float]) -> list[int]:
@@ -185,16 +436,36 @@ def crop_timestamps(num_frames: int, fps: float, start: float, end: float, crop_
     return [round(i / fps, 3) for i in frame_indices(num_frames, fps, uniform_times(s, e, n))]
 
 
+FRAME_CACHE_ITEMS = 512  # resized frames kept per open video (~90 KB each at the default 50,176 px)
+
+
 def _frames_at(
-    info: VideoInfo, times: Sequence[float], factor: int, min_pixels: int, max_pixels: int
+    info: VideoInfo, times: Sequence[float], factor: int, min_pixels: int, max_pixels: int,
+    backend: str | None = None,
 ) -> list[Frame]:
+    """Frames at ``times`` (nearest frame each), resized. With the PyAV reader, frames already
+    decoded and resized for this video (an earlier crop, another rollout of the group) are reused;
+    the returned images are shared: copy one before changing it."""
     indices = frame_indices(info.num_frames, info.fps, times)
-    arr = _decode_indices(info.path, indices)
-    frames = []
-    for idx, a in zip(indices, arr):
-        img = resize_frame(Image.fromarray(a), factor, min_pixels, max_pixels)
-        frames.append(Frame(timestamp=round(idx / info.fps, 3), image=img))
-    return frames
+    if (backend or DEFAULT_BACKEND) == "decord" and _decord_reader(info.path) is not None:
+        arr = _decode_indices(info.path, indices, "decord")
+        imgs = [resize_frame(Image.fromarray(a), factor, min_pixels, max_pixels) for a in arr]
+    else:
+        r = open_reader(info.path)
+        keys = [(i, factor, min_pixels, max_pixels) for i in indices]
+        with r.lock:
+            todo = sorted({k[0] for k in keys if k not in r.frame_cache})
+            if todo:
+                resized = r.frames(todo, post=lambda a: resize_frame(Image.fromarray(a), factor, min_pixels, max_pixels))
+                for i, img in zip(todo, resized):
+                    r.frame_cache[(i, factor, min_pixels, max_pixels)] = img
+            imgs = []
+            for k in keys:
+                r.frame_cache.move_to_end(k)
+                imgs.append(r.frame_cache[k])
+            while len(r.frame_cache) > FRAME_CACHE_ITEMS:
+                r.frame_cache.popitem(last=False)
+    return [Frame(timestamp=round(i / info.fps, 3), image=img) for i, img in zip(indices, imgs)]
 
 
 def uniform_times(start: float, end: float, k: int) -> list[float]:
@@ -211,11 +482,12 @@ def sample_overview(
     factor: int = DEFAULT_FACTOR,
     min_pixels: int = DEFAULT_MIN_PIXELS,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    backend: str | None = None,
 ) -> list[Frame]:
     """K frames spread uniformly over the whole video (capped at the frame count)."""
-    info = probe(path)
+    info = probe(path, backend)
     k = min(k, info.num_frames)
-    return _frames_at(info, uniform_times(0.0, info.duration, k), factor, min_pixels, max_pixels)
+    return _frames_at(info, uniform_times(0.0, info.duration, k), factor, min_pixels, max_pixels, backend)
 
 
 def sample_fps(
@@ -228,17 +500,18 @@ def sample_fps(
     factor: int = DEFAULT_FACTOR,
     min_pixels: int = DEFAULT_MIN_PIXELS,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    backend: str | None = None,
 ) -> list[Frame]:
     """Frames of [start, end] (default: the whole video) at ``fps``, between min_frames and
     max_frames of them (spread uniformly when the cap binds)."""
-    info = probe(path)
+    info = probe(path, backend)
     s = 0.0 if start is None else max(0.0, float(start))
     e = info.duration if end is None else min(float(end), info.duration)
     if not e > s:
         raise VideoError(f"empty window [{s}, {e}] in {info.path} (duration {info.duration:.2f}s)")
     n = int(math.floor((e - s) * fps))
     n = max(min_frames, min(max_frames, n))
-    return _frames_at(info, uniform_times(s, e, n), factor, min_pixels, max_pixels)
+    return _frames_at(info, uniform_times(s, e, n), factor, min_pixels, max_pixels, backend)
 
 
 def sample_crop(
@@ -251,6 +524,7 @@ def sample_crop(
     factor: int = DEFAULT_FACTOR,
     min_pixels: int = DEFAULT_MIN_PIXELS,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    backend: str | None = None,
 ) -> list[Frame]:
     """The crop_video sampler: [start, end] at 1 fps, 1 to 16 frames (the release's crop_video)."""
-    return sample_fps(path, fps, max_frames, min_frames, start, end, factor, min_pixels, max_pixels)
+    return sample_fps(path, fps, max_frames, min_frames, start, end, factor, min_pixels, max_pixels, backend)

@@ -92,18 +92,137 @@ def test_missing_and_corrupt_files_name_the_file(tmp_path):
         sample_overview("file://" + str(bad), 4)
 
 
-def test_pyav_fallback_without_decord(video, monkeypatch):
-    """Machines without decord wheels (aarch64, macOS arm64) decode with PyAV: same probe, same
-    frames at the same timestamps."""
-    import paravt.core.video as V
+def test_decord_backend_gives_the_same_frames(video):
+    """The default PyAV reader and the design's decord: same probe, same timestamps, same pixels."""
     spec, path = video
-    with_decord = sample_overview(path, 8)
-    monkeypatch.setattr(V, "_decord_reader", lambda p: None)
+    assert probe(path, "decord") == probe(path)
+    for k in (1, 8, 80):
+        a, b = sample_overview(path, k), sample_overview(path, k, backend="decord")
+        assert [f.timestamp for f in a] == [f.timestamp for f in b]
+        assert all((np.asarray(x.image) == np.asarray(y.image)).all() for x, y in zip(a, b))
+    a, b = sample_crop(path, 10.0, 14.0), sample_crop(path, 10.0, 14.0, backend="decord")
+    assert [f.timestamp for f in a] == [f.timestamp for f in b] and len(a) == 4
+    assert all((np.asarray(x.image) == np.asarray(y.image)).all() for x, y in zip(a, b))
+
+
+# ----------------------------------------------------------------------------- the PyAV reader
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory):
+    """Frame-numbered H.264 files like the benchmarks' (B-frames, keyframes every GOP)."""
+    from paravt.data.synthetic.render import write_numbered_video
+    d = tmp_path_factory.mktemp("numbered")
+    return {
+        "gop12_b3": write_numbered_video(d / "a.mp4", 20, fps=25, width=320, height=180, gop=12, bframes=3),
+        "gop250_b3": write_numbered_video(d / "b.mp4", 24, fps=24, width=320, height=180, gop=250, bframes=3),
+        "gop48_b0": write_numbered_video(d / "c.mp4", 60, fps=24, width=256, height=144, gop=48, bframes=0),
+    }
+
+
+@pytest.mark.parametrize("name", ["gop12_b3", "gop250_b3", "gop48_b0"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_reader_is_frame_exact(numbered, name, workers):
+    """Every returned frame is the one at its index: the number it draws, and decord's pixels."""
+    import random
+
+    import decord
+
+    from paravt.core.video import VideoReader
+    from paravt.data.synthetic.render import read_frame_number
+    path = str(numbered[name])
+    vr = decord.VideoReader(path)
+    r = VideoReader(path, workers=workers)
+    assert r.info.num_frames == len(vr) and r.info.fps == pytest.approx(vr.get_avg_fps())
+    rng = random.Random(7)
+    n = len(vr)
+    sets = [[0], [n - 1], list(range(n - 5, n)), [n - 1, 0, n // 2, 0]]
+    sets += [[rng.randrange(n) for _ in range(rng.randrange(1, 48))] for _ in range(12)]
+    for idx in sets:
+        a = r.frames(idx)
+        assert [read_frame_number(x) for x in a] == idx
+        assert (a == vr.get_batch(idx).asnumpy()).all()
+    assert r.stats["retries"] == 0
+
+
+def test_reader_cost_does_not_grow_with_position(numbered):
+    """A crop at the end decodes about as many frames as one at the start: never from frame 0."""
+    from paravt.core.video import VideoReader
+    path = str(numbered["gop48_b0"])  # 60 s, 1440 frames, a keyframe every 48
+    costs = {}
+    for where, (s, e) in {"start": (1, 31), "end": (28, 58)}.items():
+        r = VideoReader(path, workers=1)
+        idx = [int(round(t * 24)) for t in np.linspace(s, e, 16)]
+        r.frames(idx)
+        costs[where] = r.stats["decoded"]
+    assert costs["end"] <= costs["start"] + 48 and costs["end"] < 28 * 24  # not decoded from the start
+    r = VideoReader(path, workers=1)
+    r.frames([1400])  # one frame near the end: from the keyframe before it, at most one GOP
+    assert r.stats["decoded"] <= 48 and r.stats["seeks"] == 1
+
+
+def test_one_reader_per_video_shared_by_probe_overview_and_crops(numbered):
+    import paravt.core.video as V
+    path = str(numbered["gop12_b3"])
+    V.READERS.clear()
+    before = V.READERS.opened
     info = probe(path)
-    assert info.duration == pytest.approx(40.0) and info.num_frames == 80 and (info.width, info.height) == (64, 64)
-    frames = sample_overview(path, 8)
-    assert [f.timestamp for f in frames] == [f.timestamp for f in with_decord]
-    for a, b in zip(frames, with_decord):
-        assert np.abs(np.asarray(a.image).astype(int) - np.asarray(b.image).astype(int)).mean() < 3
-    crop = sample_crop(path, 10.0, 14.0)
-    assert len(crop) >= 4
+    ov = sample_overview(path, 8)
+    crops = [sample_crop(path, s, s + 6) for s in (2.0, 8.0, 2.0)]
+    assert V.READERS.opened == before + 1  # opened once for all of them
+    r = V.open_reader(path)
+    decoded = r.stats["decoded"]
+    again = sample_crop(path, 2.0, 8.0)  # a group's other rollout asks the same window: from the cache
+    assert r.stats["decoded"] == decoded and [f.timestamp for f in again] == [f.timestamp for f in crops[0]]
+    assert again[0].image is crops[0][0].image and info.num_frames == 500 and len(ov) == 8
+
+
+def test_decoding_runs_in_the_decode_pool(numbered):
+    import asyncio
+    import threading
+
+    import paravt.core.video as V
+
+    async def main():
+        names = []
+
+        def crop():
+            names.append(threading.current_thread().name)
+            return sample_crop(str(numbered["gop12_b3"]), 1, 5)
+        frames = await V.run_decode(crop)
+        return names, frames
+    names, frames = asyncio.run(main())
+    assert names[0].startswith("paravt-decode") and len(frames) == 4
+
+
+def test_a_forked_child_opens_its_own_readers(numbered):
+    """DataLoader workers fork: the child must not share the parent's open files."""
+    import multiprocessing as mp
+
+    import paravt.core.video as V
+    path = str(numbered["gop12_b3"])
+    parent = sample_overview(path, 4)
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        child = pool.apply(_child_overview, (path,))
+    assert child == ([f.timestamp for f in parent], True)
+    assert [f.timestamp for f in sample_overview(path, 4)] == child[0]  # the parent's reader still works
+    assert V.open_reader(path).stats["retries"] == 0
+
+
+def _child_overview(path):
+    import paravt.core.video as V
+    fresh = len(V.READERS._items) == 0
+    return [f.timestamp for f in sample_overview(path, 4)], fresh
+
+
+def test_a_truncated_file_is_a_video_error_naming_it(numbered, tmp_path):
+    data = numbered["gop12_b3"].read_bytes()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    from paravt.core.video import VideoReader
+    try:
+        r = VideoReader(str(cut))
+    except VideoError as exc:
+        assert "cut.mp4" in str(exc)
+        return
+    with pytest.raises(VideoError, match="cut.mp4"):
+        r.frames([r.info.num_frames - 1])

@@ -1,0 +1,125 @@
+"""Long videos at real size: K-frame overviews and 16-frame crops on 720p H.264, decoders compared.
+
+    python benchmarks/bench_long_video.py [--minutes 10 60] [--out benchmarks/results/long_video.json]
+
+Writes (once, cached in benchmarks/.cache/) 1280x720 24 fps H.264 files that draw their frame
+number (paravt.data.synthetic.render.write_numbered_video: x264 superfast, keyint 250, 3 B-frames,
+a moving texture with grain), then times in one run, per file:
+
+- decord_get_batch: one ``decord.VideoReader`` + ``get_batch`` of the K indices (qwen-vl-utils'
+  path, the authors' release), no resize;
+- project_decord: ``sample_overview(backend="decord")`` (the project before: decord + resize);
+- pyav_seek_each: PyAV, one seek to the keyframe before every target, every frame decoded from
+  there (the "floor" the issue names: decoding from the nearest keyframe to each target);
+- project_pyav: ``sample_overview`` with the default reader (keyframe seeks, frame threads,
+  non-reference frames skipped far from a target), opened fresh;
+- crops: ``sample_crop`` of a 30 s window at the start, middle and end (16 frames), fresh reader.
+
+Every PyAV result is checked frame-exact against the drawn numbers. Timings are wall-clock of one
+run on this machine (2 cores); ratios are within the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _util import write_result  # benchmarks/_util.py: the script's folder is on sys.path
+from paravt.core import video as V
+from paravt.data.synthetic.render import read_frame_number, write_numbered_video
+
+CACHE = Path(__file__).resolve().parent / ".cache"
+
+
+def clock(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def seek_each(path: str, indices: list[int]) -> tuple[np.ndarray, int]:
+    """The floor: for each target, seek to the keyframe before it and decode every frame to it."""
+    r = V.VideoReader(path)
+    d = r._decoders[0]
+    out, decoded = [], 0
+    for i in indices:
+        d.seek(i)
+        j, fr = d.next_frame(i, skip=False)
+        assert j == i, (j, i)
+        out.append(fr.to_ndarray(format="rgb24"))
+    decoded = r.stats["decoded"]
+    r.close()
+    return np.stack(out), decoded
+
+
+def bench_file(path: Path, k: int) -> dict:
+    p = str(path)
+    V.READERS.clear()
+    info = V.VideoReader(p).info
+    idx = V.frame_indices(info.num_frames, info.fps, V.uniform_times(0.0, info.duration, k))
+    res: dict = {"file": path.name, "size_mb": round(path.stat().st_size / 1e6, 1), "frames": info.num_frames,
+                 "duration_s": info.duration, "k": k}
+
+    t, n = clock(lambda: len(V.VideoReader(p).info.__dict__))
+    res["probe_s"] = round(t, 3)
+    import decord  # noqa: PLC0415
+    t, arr = clock(lambda: decord.VideoReader(p).get_batch(idx).asnumpy())
+    res["decord_get_batch_s"] = round(t, 2)
+    t, _ = clock(lambda: V.sample_overview(p, k, backend="decord"))
+    res["project_decord_s"] = round(t, 2)
+    t, (floor_arr, floor_decoded) = clock(lambda: seek_each(p, idx))
+    res["pyav_seek_each_s"], res["pyav_seek_each_decoded"] = round(t, 2), floor_decoded
+    assert (floor_arr == arr).all()
+
+    V.READERS.clear()
+    t, frames = clock(lambda: V.sample_overview(p, k))
+    r = V.open_reader(p)
+    res["project_pyav_s"], res["project_pyav_decoded"], res["project_pyav_seeks"] = round(t, 2), r.stats["decoded"], r.stats["seeks"]
+    got = [read_frame_number(np.asarray(f.image)) for f in frames]
+    res["frame_exact"] = got == idx
+    V.READERS.clear()
+    t, raw = clock(lambda: V.open_reader(p).frames(idx))
+    res["pyav_reader_no_resize_s"] = round(t, 2)
+    res["pixels_equal_decord"] = bool((raw == arr).all())
+    for name, (s, e) in {"start": (5, 35), "middle": (info.duration / 2, info.duration / 2 + 30),
+                         "end": (info.duration - 40, info.duration - 10)}.items():
+        V.READERS.clear()
+        t, fr = clock(lambda: V.sample_crop(p, s, e))
+        ok = [read_frame_number(np.asarray(f.image)) for f in fr] == [int(round(f.timestamp * info.fps)) for f in fr]
+        res[f"crop16_{name}_s"], res[f"crop16_{name}_exact"] = round(t, 3), ok
+        V.READERS.clear()
+        t, _ = clock(lambda: V.sample_crop(p, s, e, backend="decord"))
+        res[f"crop16_{name}_decord_s"] = round(t, 3)
+    res["speedup_vs_decord_get_batch"] = round(res["decord_get_batch_s"] / res["project_pyav_s"], 2)
+    res["vs_floor"] = round(res["project_pyav_s"] / res["pyav_seek_each_s"], 2)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=int, nargs="+", default=[10, 60])
+    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--out", default="benchmarks/results/long_video.json")
+    a = ap.parse_args(argv)
+    out = {}
+    for m in a.minutes:
+        path = CACHE / f"numbered_720p_{m}min.mp4"
+        if not path.exists():
+            t, _ = clock(lambda: write_numbered_video(path, m * 60, progress=True))
+            print(f"wrote {path} in {t:.0f} s", flush=True)
+        out[f"{m}min"] = bench_file(path, a.k)
+        print(out[f"{m}min"], flush=True)
+    try:
+        import torchcodec  # noqa: F401, PLC0415
+        out["torchcodec"] = "installed (not timed here)"
+    except Exception as exc:  # noqa: BLE001
+        out["torchcodec"] = f"not usable here: {type(exc).__name__}: {exc}"[:300]
+    return write_result(a.out, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
