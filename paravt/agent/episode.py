@@ -128,7 +128,7 @@ class OverviewCache:
         self.hits = self.misses = 0
 
     def get(self, sample: EpisodeSample, k: int, cfg: EpisodeConfig, processor, tool_schemas) -> Overview:
-        key = (sample.sample_id, k, cfg.prompt_mode, cfg.prompt_source, cfg.overview_style, cfg.think_prefix,
+        key = (sample.sample_id, k, cfg.crop.decoder, cfg.prompt_mode, cfg.prompt_source, cfg.overview_style, cfg.think_prefix,
                cfg.overview_min_pixels,
                cfg.overview_max_pixels, processor is not None)
         with self._guard:
@@ -150,7 +150,7 @@ class OverviewCache:
 
 
 def build_overview(sample: EpisodeSample, k: int, cfg: EpisodeConfig, processor, tool_schemas) -> Overview:
-    duration = sample.duration if sample.duration else probe(sample.video_path).duration
+    duration = sample.duration if sample.duration else probe(sample.video_path, cfg.crop.decoder).duration
     if cfg.overview_channel == "video_url":  # server-side decode (eval against SGLang / vLLM)
         if processor is not None:
             raise ValueError("overview_channel=video_url needs a chat engine (the server decodes the video)")
@@ -163,7 +163,8 @@ def build_overview(sample: EpisodeSample, k: int, cfg: EpisodeConfig, processor,
         return Overview([], messages, None, None, float(duration))
     if cfg.overview_channel == "video_url" and cfg.prompt_source == "row":
         raise ValueError("prompt_source=row builds frames-as-images prompts; use overview_channel=image_url")
-    frames = sample_overview(sample.video_path, k, 32, cfg.overview_min_pixels, cfg.overview_max_pixels)
+    frames = sample_overview(sample.video_path, k, 32, cfg.overview_min_pixels, cfg.overview_max_pixels,
+                             cfg.crop.decoder)  # one decoder knob (crop.decoder) for the overview and the crops
     schemas = tool_schemas if cfg.agentic else None
     if cfg.prompt_source == "row":
         if not sample.prompt:

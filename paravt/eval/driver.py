@@ -105,7 +105,7 @@ def run_identity(cfg: "EvalConfig", split: str) -> dict[str, Any]:
             "max_turns": cfg.max_turns, "max_parallel": cfg.max_parallel, "max_new_tokens": cfg.max_new_tokens,
             "temperature": cfg.temperature, "final_answer_tokens": [cfg.final_answer_tokens_mcq,
                                                                      cfg.final_answer_tokens_tvg],
-            "subtitle_max_chars": cfg.subtitle_max_chars, "crop": asdict(cfg.crop),
+            "subtitle_max_chars": cfg.subtitle_max_chars, "crop": {k: v for k, v in asdict(cfg.crop).items() if k != "decoder"},  # decoders give equal frames
             "shard": [cfg.shard_id, cfg.num_shards],
             **({"mcq_judge": {"base_url": cfg.mcq_judge.base_url, "model": cfg.mcq_judge.model}}
                if cfg.mcq_judge.base_url else {})}

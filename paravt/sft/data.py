@@ -47,6 +47,11 @@ class VideoSamplingConfig:
     min_pixels: int = 784  # per-frame lower pixel bound (smart resize)
     max_pixels: int = 50176  # per-frame upper pixel bound (smart resize)
     factor: int = 32  # frame sides rounded to multiples of this (patch x merge)
+    decoder: str = "pyav"  # pyav (keyframe seeks, frame-exact) | decord (the design's); same frames either way
+
+    def __post_init__(self):
+        if self.decoder not in ("pyav", "decord"):
+            raise ValueError(f"video.decoder must be 'pyav' or 'decord', got {self.decoder!r}")
 
 
 @dataclass
@@ -93,11 +98,12 @@ def expand_media(messages: list[dict[str, Any]], video: VideoSamplingConfig) -> 
                 if t == "video_url":
                     path = local_path(_url(it, "video_url"))
                     if it.get("nframes"):
-                        frames = sample_overview(path, int(it["nframes"]), video.factor, video.min_pixels, video.max_pixels)
+                        frames = sample_overview(path, int(it["nframes"]), video.factor, video.min_pixels, video.max_pixels,
+                                                 video.decoder)
                     else:
                         frames = sample_fps(path, float(it.get("fps") or video.fps), int(it.get("max_frames") or video.max_frames),
                                             video.min_frames, it.get("video_start"), it.get("video_end"), video.factor,
-                                            video.min_pixels, video.max_pixels)
+                                            video.min_pixels, video.max_pixels, video.decoder)
                     items.extend(prompts.frames_content(frames))
                 elif t == "image_url":
                     path = local_path(_url(it, "image_url"))
