@@ -1,0 +1,138 @@
+"""Issue #25 experiment: can the tiny text stack learn to look a value up in earlier reports?
+
+    .venv-cpu/bin/python scripts/exp_lookup.py --steps 1500 --loss answer            # the issue's setting
+    .venv-cpu/bin/python scripts/exp_lookup.py --steps 1500 --loss all --heads 8 --kv-heads 8 --head-dim 16
+
+Text only, random init, the tiny model's tokenizer and Qwen3-VL text stack. One sequence: 1-N
+reports in the world's own wording ("The circle is yellow, from 14.0 to 17.0 seconds."), then
+"What colour is the square? The square is" -> the square's colour. Accuracy = greedy first token
+of the answer colour, on 256 fresh sequences with the maximum number of reports (chance = 1/N).
+Writes one JSON line per evaluation to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from paravt.data.synthetic.world import COLOURS, SHAPES  # noqa: E402
+from paravt.models.tiny import TinyShape, build_config, build_tokenizer  # noqa: E402
+
+
+def make(rng: random.Random, n_reports: int, wording: str) -> tuple[str, str]:
+    shapes = rng.sample(SHAPES, n_reports)
+    colours = rng.sample(list(COLOURS), n_reports)
+    lines = []
+    for s, c in zip(shapes, colours):
+        a = rng.randrange(0, 110)
+        b = a + rng.randrange(2, 9)
+        lines.append(f"The {s} is {c}, from {a}.0 to {b}.0 seconds." if wording == "forward"
+                     else f"A {c} {s} is visible from {a}.0 to {b}.0 seconds.")
+    k = rng.randrange(n_reports)
+    return " ".join(lines) + f" What colour is the {shapes[k]}? The {shapes[k]} is", " " + colours[k]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=32)
+    ap.add_argument("--reports", type=int, default=3)
+    ap.add_argument("--curriculum", type=int, default=0, help="steps over which the report count grows 1 -> N")
+    ap.add_argument("--loss", choices=["answer", "all"], default="answer")
+    ap.add_argument("--wording", choices=["forward", "reverse"], default="forward")
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="runs/exp_lookup.jsonl")
+    a = ap.parse_args(argv)
+    from transformers import Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(a.seed)
+    torch.set_num_threads(1)
+    tok = build_tokenizer(0)
+    half = a.head_dim // 2
+    mrope = [half - 2 * (half // 3), half // 3, half // 3]
+    shape = TinyShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                      num_key_value_heads=a.kv_heads, head_dim=a.head_dim, mrope_section=mrope,
+                      intermediate_size=3 * a.hidden)
+    model = Qwen3VLForConditionalGeneration(build_config(shape, tok)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, a.warmup)))
+    rng = random.Random(a.seed)
+    pad = tok.pad_token_id or 0
+
+    def batch(n_reports_fn, size):
+        seqs, labs = [], []
+        for _ in range(size):
+            p, ans = make(rng, n_reports_fn(), a.wording)
+            pi, ai = tok.encode(p, add_special_tokens=False), tok.encode(ans, add_special_tokens=False)
+            ids = pi + ai
+            lab = ([-100] * len(pi) + ai) if a.loss == "answer" else ids[:]
+            seqs.append(ids)
+            labs.append(lab)
+        L = max(map(len, seqs))
+        x = torch.full((size, L), pad)
+        y = torch.full((size, L), -100)
+        m = torch.zeros((size, L), dtype=torch.long)
+        for i, (s, lb) in enumerate(zip(seqs, labs)):
+            x[i, :len(s)] = torch.tensor(s)
+            y[i, :len(lb)] = torch.tensor(lb)
+            m[i, :len(s)] = 1
+        return x, y, m
+
+    @torch.no_grad()
+    def evaluate(n=256):
+        model.eval()
+        erng = random.Random(12345)
+        ok = 0
+        for _ in range(n // 64):
+            items = [make(erng, a.reports, a.wording) for _ in range(64)]
+            for p, ans in items:  # one at a time: no padding questions
+                pi = tok.encode(p, add_special_tokens=False)
+                first = tok.encode(ans, add_special_tokens=False)[0]
+                logits = model(input_ids=torch.tensor([pi])).logits[0, -1]
+                ok += int(logits.argmax().item() == first)
+        model.train()
+        return ok / n
+
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    for step in range(1, a.steps + 1):
+        def n_rep():
+            if a.curriculum and step < a.curriculum:
+                return 1 + rng.randrange(1 + (a.reports - 1) * step // a.curriculum)
+            return rng.randrange(1, a.reports + 1)
+        x, y, m = batch(n_rep, a.batch)
+        loss = model(input_ids=x, attention_mask=m, labels=y).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % a.eval_every == 0 or step == a.steps:
+            rec = {"step": step, "loss": round(loss.item(), 4), "acc": evaluate(), "seconds": round(time.time() - t0),
+                   "args": vars(a)}
+            print(json.dumps({k: v for k, v in rec.items() if k != "args"}), flush=True)
+            with open(out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
