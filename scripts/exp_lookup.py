@@ -28,6 +28,26 @@ from paravt.data.synthetic.world import COLOURS, SHAPES  # noqa: E402
 from paravt.models.tiny import TinyShape, build_config, build_tokenizer  # noqa: E402
 
 
+def make_multi(rng: random.Random, n_reports: int, wording: str, queries: int) -> tuple[list[str], list[str]]:
+    """Reports, then ``queries`` questions each followed by its answer (multi-query recall): the
+    pieces alternate prompt / answer so every answer word can carry the loss."""
+    shapes = rng.sample(SHAPES, n_reports)
+    colours = rng.sample(list(COLOURS), n_reports)
+    lines = []
+    for s, c in zip(shapes, colours):
+        a = rng.randrange(0, 110)
+        b = a + rng.randrange(2, 9)
+        lines.append(f"The {s} is {c}, from {a}.0 to {b}.0 seconds." if wording == "forward"
+                     else f"A {c} {s} is visible from {a}.0 to {b}.0 seconds.")
+    prompts, answers = [], []
+    head = " ".join(lines)
+    for q in range(queries):
+        k = rng.randrange(n_reports)
+        prompts.append((head if q == 0 else ".") + f" What colour is the {shapes[k]}? The {shapes[k]} is")
+        answers.append(" " + colours[k])
+    return prompts, answers
+
+
 def make(rng: random.Random, n_reports: int, wording: str) -> tuple[str, str]:
     shapes = rng.sample(SHAPES, n_reports)
     colours = rng.sample(list(COLOURS), n_reports)
@@ -56,6 +76,10 @@ def main(argv=None) -> int:
     ap.add_argument("--curriculum", type=int, default=0, help="steps over which the report count grows 1 -> N")
     ap.add_argument("--loss", choices=["answer", "all"], default="answer")
     ap.add_argument("--wording", choices=["forward", "reverse"], default="forward")
+    ap.add_argument("--queries", type=int, default=1, help="questions per training sequence (each answered)")
+    ap.add_argument("--copy-steps", type=int, default=0, help="first grow an induction circuit: random x, then x again")
+    ap.add_argument("--copy-lr", type=float, default=2e-3)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/exp_lookup.jsonl")
@@ -63,7 +87,7 @@ def main(argv=None) -> int:
     from transformers import Qwen3VLForConditionalGeneration
 
     torch.manual_seed(a.seed)
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     tok = build_tokenizer(0)
     half = a.head_dim // 2
     mrope = [half - 2 * (half // 3), half // 3, half // 3]
@@ -79,10 +103,12 @@ def main(argv=None) -> int:
     def batch(n_reports_fn, size):
         seqs, labs = [], []
         for _ in range(size):
-            p, ans = make(rng, n_reports_fn(), a.wording)
-            pi, ai = tok.encode(p, add_special_tokens=False), tok.encode(ans, add_special_tokens=False)
-            ids = pi + ai
-            lab = ([-100] * len(pi) + ai) if a.loss == "answer" else ids[:]
+            ps, ans = make_multi(rng, n_reports_fn(), a.wording, a.queries)
+            ids, lab = [], []
+            for p, an in zip(ps, ans):
+                pi, ai = tok.encode(p, add_special_tokens=False), tok.encode(an, add_special_tokens=False)
+                ids += pi + ai
+                lab += ([-100] * len(pi) + ai) if a.loss == "answer" else pi + ai
             seqs.append(ids)
             labs.append(lab)
         L = max(map(len, seqs))
@@ -113,6 +139,30 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    if a.copy_steps:  # the copy warm-up RESULTS.md records: prefix + x + x over ordinary tokens, loss on the 2nd x
+        special = set(tok.all_special_ids)
+        pool = [i for i in range(len(tok)) if i not in special]
+        copt = torch.optim.AdamW(model.parameters(), lr=a.copy_lr)
+        for step in range(1, a.copy_steps + 1):
+            rows = []
+            for _ in range(a.batch):
+                pre = [rng.choice(pool) for _ in range(rng.randrange(0, 33))]
+                x = [rng.choice(pool) for _ in range(rng.randrange(8, 33))]
+                rows.append((pre + x + x, [-100] * (len(pre) + len(x)) + x))
+            L = max(len(r[0]) for r in rows)
+            xx = torch.full((a.batch, L), pad)
+            yy = torch.full((a.batch, L), -100)
+            mm = torch.zeros((a.batch, L), dtype=torch.long)
+            for i, (ids, lab) in enumerate(rows):
+                xx[i, :len(ids)], yy[i, :len(lab)], mm[i, :len(ids)] = torch.tensor(ids), torch.tensor(lab), 1
+            loss = model(input_ids=xx, attention_mask=mm, labels=yy).loss
+            copt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            copt.step()
+            if step % 500 == 0:
+                print(json.dumps({"copy_step": step, "loss": round(loss.item(), 3), "seconds": round(time.time() - t0)}),
+                      flush=True)
     for step in range(1, a.steps + 1):
         def n_rep():
             if a.curriculum and step < a.curriculum:
