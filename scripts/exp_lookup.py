@@ -49,16 +49,9 @@ def make_multi(rng: random.Random, n_reports: int, wording: str, queries: int) -
 
 
 def make(rng: random.Random, n_reports: int, wording: str) -> tuple[str, str]:
-    shapes = rng.sample(SHAPES, n_reports)
-    colours = rng.sample(list(COLOURS), n_reports)
-    lines = []
-    for s, c in zip(shapes, colours):
-        a = rng.randrange(0, 110)
-        b = a + rng.randrange(2, 9)
-        lines.append(f"The {s} is {c}, from {a}.0 to {b}.0 seconds." if wording == "forward"
-                     else f"A {c} {s} is visible from {a}.0 to {b}.0 seconds.")
-    k = rng.randrange(n_reports)
-    return " ".join(lines) + f" What colour is the {shapes[k]}? The {shapes[k]} is", " " + colours[k]
+    """Reports then one question (the evaluation sequence): (prompt, answer)."""
+    prompts, answers = make_multi(rng, n_reports, wording, 1)
+    return prompts[0], answers[0]
 
 
 def main(argv=None) -> int:
