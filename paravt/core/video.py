@@ -148,9 +148,9 @@ class _Decoder:
     SKIP_MARGIN = 10  # frames before a target decoded in full: the reordering + frame-thread delay (misses are retried)
     DEFAULT_GOP = 250  # x264's default keyint, until two keyframes are seen in one forward run
 
-    def __init__(self, path: str, threads: int, start: int, tb, rate, stats: dict):
+    def __init__(self, path: str, threads: int, start: int, tb, rate, stats: dict, opened=None):
         self.path = path
-        self.c, self.s = _open_stream(path, threads)
+        self.c, self.s = opened if opened is not None else _open_stream(path, threads)
         self._start, self._tb, self._rate, self.stats = start, tb, rate, stats
         self.gen = None
         self.pos: int | None = None
@@ -241,7 +241,6 @@ class VideoReader:
         self.threads = threads
         self.workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
         self.stats = {"seeks": 0, "decoded": 0, "retries": 0}
-        first = _Decoder.__new__(_Decoder)  # opened below once the stream's timing is known
         c, s = _open_stream(self.path, threads)
         tb = s.time_base
         rate = s.average_rate or s.guessed_rate or s.base_rate
@@ -259,10 +258,7 @@ class VideoReader:
         cc = s.codec_context
         self.info = VideoInfo(self.path, n / float(rate), float(rate), n, int(cc.width), int(cc.height))
         self._timing = (start, tb, rate)
-        first.path, first.c, first.s = self.path, c, s
-        first._start, first._tb, first._rate, first.stats = start, tb, rate, self.stats
-        first.gen, first.pos, first.gop, first.last_key, first.keys = None, None, _Decoder.DEFAULT_GOP, None, set()
-        self._decoders = [first]
+        self._decoders = [_Decoder(self.path, threads, start, tb, rate, self.stats, opened=(c, s))]
         self.lock = threading.Lock()
         self.frame_cache: OrderedDict[tuple, Image.Image] = OrderedDict()  # (index, resize) -> image
 
@@ -403,17 +399,11 @@ def probe(path: str, backend: str | None = None) -> VideoInfo:
     return open_reader(path).info
 
 
-def _decode_indices(p: str, indices: Sequence[int], backend: str | None = None) -> np.ndarray:
-    if (backend or DEFAULT_BACKEND) == "decord":
-        vr = _decord_reader(p)
-        if vr is not None:
-            try:
-                return vr.get_batch(list(indices)).asnumpy()
-            except Exception as exc:
-                raise VideoError(f"cannot decode frames {list(indices)[:4]}... of {p}: {exc}") from exc
-    r = open_reader(p)
-    with r.lock:
-        return r.frames(indices)
+def _decord_frames(vr, p: str, indices: Sequence[int]) -> np.ndarray:
+    try:
+        return vr.get_batch(list(indices)).asnumpy()
+    except Exception as exc:
+        raise VideoError(f"cannot decode frames {list(indices)[:4]}... of {p}: {exc}") from exc
 
 
 def frame_indices(num_frames: int, fps: float, times: Sequence[float]) -> list[int]:
@@ -447,8 +437,9 @@ def _frames_at(
     decoded and resized for this video (an earlier crop, another rollout of the group) are reused;
     the returned images are shared: copy one before changing it."""
     indices = frame_indices(info.num_frames, info.fps, times)
-    if (backend or DEFAULT_BACKEND) == "decord" and _decord_reader(info.path) is not None:
-        arr = _decode_indices(info.path, indices, "decord")
+    vr = _decord_reader(info.path) if (backend or DEFAULT_BACKEND) == "decord" else None
+    if vr is not None:
+        arr = _decord_frames(vr, info.path, indices)
         imgs = [resize_frame(Image.fromarray(a), factor, min_pixels, max_pixels) for a in arr]
     else:
         r = open_reader(info.path)

@@ -31,7 +31,7 @@ import tarfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from tqdm import tqdm
 
@@ -153,23 +153,6 @@ def _write(src: IO[bytes], target: Path) -> None:
     os.replace(tmp, target)
 
 
-def _members_zip(a: Archive, bar: tqdm | None) -> Iterator[tuple[str, int, IO[bytes] | None]]:
-    with zipfile.ZipFile(a.parts[0]) as z:
-        for info in z.infolist():
-            if not info.is_dir():
-                yield info.filename, info.file_size, _LazyZipMember(z, info)
-            if bar is not None:
-                bar.update(info.compress_size)
-
-
-class _LazyZipMember:
-    def __init__(self, z: zipfile.ZipFile, info: zipfile.ZipInfo):
-        self.z, self.info = z, info
-
-    def open(self) -> IO[bytes]:
-        return self.z.open(self.info)
-
-
 def extract(a: Archive, dest: Path, progress: bool = True) -> dict[str, int]:
     """Extract one archive into ``dest`` (resumable, see the module docstring). Returns counts:
     written, skipped (already there with their size), and ``done`` 1 when the marker said so."""
@@ -186,14 +169,18 @@ def extract(a: Archive, dest: Path, progress: bool = True) -> dict[str, int]:
     bar = tqdm(total=a.size, unit="B", unit_scale=True, desc=f"extract {a.name}", disable=not progress, leave=False)
     try:
         if a.kind == "zip":
-            for name, size, member in _members_zip(a, bar):
-                target = _target(dest, name, a.name)
-                if target.is_file() and target.stat().st_size == size:
-                    counts["skipped"] += 1
-                    continue
-                with member.open() as src:
-                    _write(src, target)
-                counts["written"] += 1
+            with zipfile.ZipFile(a.parts[0]) as z:
+                for info in z.infolist():
+                    bar.update(info.compress_size)
+                    if info.is_dir():
+                        continue
+                    target = _target(dest, info.filename, a.name)
+                    if target.is_file() and target.stat().st_size == info.file_size:
+                        counts["skipped"] += 1
+                        continue
+                    with z.open(info) as src:
+                        _write(src, target)
+                    counts["written"] += 1
         else:
             stream = io.BufferedReader(_Joined(a.parts, bar), buffer_size=1 << 20)
             with tarfile.open(fileobj=stream, mode="r|*") as tf:
@@ -262,7 +249,7 @@ def fetch_split(name: str, *, cache_dir: str | None = None, media_root: str | No
                                counts=res.archives)
     from paravt.eval.splits import LoadReport  # noqa: PLC0415
     reports: list[LoadReport] = []
-    samples = load_split(c.name, "/nonexistent-data-root", None,
+    samples = load_split(c.name, "", None,
                          HubOptions(source="hub", cache_dir=cache_dir, media_root=media_root), reports)
     res.samples, res.with_video = len(samples), sum(s.video_exists for s in samples)
     res.report = reports[0].line(len(samples)) if reports else ""

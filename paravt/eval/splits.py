@@ -496,12 +496,13 @@ class LoadReport:
 
 def _resolve(c: SplitConfig, data_root: str | Path, path_override: str | None, hub: Any) -> tuple[Roots, Layout, Path]:
     looked = []
-    for root in ([Path(path_override)] if path_override else [Path(data_root) / c.dir]):
+    source = getattr(hub, "source", "auto")
+    if path_override or source != "hub" or c.hub is None:
+        root = Path(path_override) if path_override else Path(data_root) / c.dir
         hit = find_layout(c, root)
         if hit:
             return Roots(root, [root], "local"), hit[0], hit[1]
         looked.append(f"{root}/{{{', '.join(lay.annotation for lay in c.layouts)}}}")
-    source = getattr(hub, "source", "auto")
     if c.hub is not None and not path_override and source != "local":
         from paravt.eval.fetch import HubUnavailable, prepare, snapshot  # noqa: PLC0415
         try:
@@ -528,8 +529,6 @@ def load_split(name: str, data_root: str | Path, path_override: str | None = Non
     ``hub``: an object with ``source`` (auto | local | hub), ``download``, ``cache_dir``,
     ``media_root`` (the eval config's ``hub``); ``report`` gets the LoadReport appended."""
     c = SPLITS[split_name(name)]
-    if getattr(hub, "source", "auto") == "hub" and c.hub is not None and not path_override:
-        data_root = Path("/nonexistent-data-root")  # hub only: skip the local folders
     roots, layout, ann = _resolve(c, data_root, path_override, hub)
     samples = LOADERS[layout.loader](c, roots, ann)
     where = f"{c.hub.repo_id} at {roots.ann}" if roots.source == "hub" else str(roots.ann)
