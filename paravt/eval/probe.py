@@ -46,6 +46,7 @@ from paravt.core.toolcall import ToolCall
 from paravt.data.schema import load_rl_rows
 from paravt.core.seeding import py_rng
 from paravt.data.synthetic import COLOURS, SHAPES, WorldConfig, lookup_example, make_spec
+from paravt.data.synthetic.traces import where
 from paravt.engines.base import SamplingParams
 
 SHAPE_RE = re.compile(r"\b(" + "|".join(SHAPES) + r")\b")
@@ -146,7 +147,7 @@ async def probe_reading(engine, cfg: WorldConfig, n: int, max_tokens: int = 96) 
         n_shape += bool(shapes) and shapes[0] == q["shape"]
         found = COLOUR_RE.findall(got.split("seconds")[-1] if q["question_type"] != "tvg" else first)
         n_colour += bool(found) and found[-1] == q["colour"]
-        n_times += f"from {ex['hits'][0]:.1f} to {ex['hits'][1]:.1f} seconds" in got
+        n_times += f"visible {where(ex['hits'])}" in got
         n_exact += got == ex["answer"]
         if len(examples) < 4:
             examples.append({"question": q["question"], "expected": ex["answer"], "got": got})

@@ -109,6 +109,13 @@ def _gain(c: dict | None) -> str:
     return "" if not c else f"{100 * c['repeat_acc']:.0f} − {100 * c['first_acc']:.0f}"
 
 
+def _reading(r: dict | None) -> str:
+    if not r:
+        return ""
+    return (f"{100 * r['restated_shape_acc']:.0f} / {100 * r['colour_acc']:.0f} / {100 * r['times_copied']:.0f}"
+            f" ({r['n']})")
+
+
 def probe_table(out: Path) -> str:
     """Sub-agent perception of each probed checkpoint (``OUT/probe_<name>.json``)."""
     lines = []
@@ -120,9 +127,10 @@ def probe_table(out: Path) -> str:
                      f"{100 * w.get('empty', {}).get('says_empty', 0):.0f} | "
                      f"{100 * w.get('event', {}).get('colour_shape_acc', 0):.0f} | "
                      f"{res.get('features', {}).get('mean_abs_dlogit_pixels_zeroed', float('nan')):.3f} | "
-                     f"{_gain(res.get('copying'))} |")
+                     f"{_gain(res.get('copying'))} | {_reading(res.get('reading'))} |")
     return md_table(["checkpoint", "colour acc, event ±6 s", "colour acc, 2 s", "empty window called empty",
-                     "colour+shape, event", "mean abs Δlogit, pixels zeroed", "copying: repeat − first acc"], lines)
+                     "colour+shape, event", "mean abs Δlogit, pixels zeroed", "copying: repeat − first acc",
+                     "reading: shape / colour / times (n)"], lines)
 
 
 def curves_png(out: Path, arms=(("vanilla GRPO", "rl_vanilla"), ("PARA-GRPO", "rl_paragrpo")), keys=None,
@@ -240,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
           "| run | metric | start | end |", "|---|---|---|---|", *first_last, ""]
     probes = probe_table(out)
     if probes:
-        md += ["What the sub-agents see (python -m paravt.eval.probe; held-out videos, greedy; chance colour acc 12.5%; copying = teacher-forced accuracy on a repeated world sentence vs its first occurrence):",
+        md += ["What the sub-agents see (python -m paravt.eval.probe; held-out videos, greedy; chance colour acc 12.5%; copying = teacher-forced accuracy on a repeated world sentence vs its first occurrence; reading = the answer to perfect reports given as text restates the asked shape / names its colour / copies its times, in %):",
                "", probes, ""]
     if (out / "stage_seconds.tsv").exists():  # written by scripts/quickstart.sh; the last run of a stage wins
         st = dict(line.split("\t") for line in (out / "stage_seconds.tsv").read_text().splitlines() if "\t" in line)

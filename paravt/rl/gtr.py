@@ -210,7 +210,7 @@ class OracleCorrector:
 
     def expert_thought(self, state: TurnState) -> str:
         """What the expert thinks at this state (the expert traces' wording)."""
-        from paravt.data.synthetic.traces import _answer_sentence, _windows  # noqa: PLC0415
+        from paravt.data.synthetic.traces import _answer_sentence, _windows, where  # noqa: PLC0415
         from paravt.data.synthetic.world import restate  # noqa: PLC0415
 
         spec, ev = self.target(state)
@@ -222,20 +222,17 @@ class OracleCorrector:
         restatable = state.question_type != "mcq" or q["options"] is not None
         lead = f"{restate(q)} " if state.turn_index == 0 and restatable else ""
         if state.turn_index == 0 and seen:
-            where = f"at {seen[0]:.1f} seconds" if len(seen) == 1 else f"from {seen[0]:.1f} to {seen[-1]:.1f} seconds"
             tail = "" if state.question_type == "tvg" else f" {_answer_sentence(q)}"
-            return f"{lead}In the overview {desc} is visible {where}.{tail}"
+            return f"{lead}In the overview {desc} is visible {where(seen)}.{tail}"
         if state.turn_index == 0:
             n = len(_windows(spec.duration, self.cfg.coarse_window_s))
             return (f"{lead}{desc.capitalize()} is not visible in the overview frames. "
                     f"I will check {n} windows of the video in parallel.")
         tail = "" if state.question_type == "tvg" else f" {_answer_sentence(q)}"
         if hits:
-            where = f"at {hits[0]:.1f} seconds" if len(hits) == 1 else f"from {hits[0]:.1f} to {hits[-1]:.1f} seconds"
-            return f"{desc.capitalize()} is visible {where}.{tail}"
+            return f"{desc.capitalize()} is visible {where(hits)}.{tail}"
         if seen:
-            where = f"at {seen[0]:.1f} seconds" if len(seen) == 1 else f"from {seen[0]:.1f} to {seen[-1]:.1f} seconds"
-            return f"In the overview {desc} is visible {where}.{tail}"
+            return f"In the overview {desc} is visible {where(seen)}.{tail}"
         return f"{desc.capitalize()} was not found in the windows checked so far."
 
     async def judge(self, state: TurnState) -> Verdict:

@@ -133,3 +133,45 @@ def test_perception_rows_are_short_windows_described_correctly(world):
         if not visible:
             assert "no coloured shape is visible" in text
     assert 0.5 <= n_event / len(rows) <= 0.8
+
+
+def test_reading_rows_answer_from_the_matching_report(world):
+    """paravt_reading_synth: text-only reports then a question; the answer restates the task and
+    copies the times and colour of the one report that shows the asked shape (never a guess)."""
+    import re
+
+    from paravt.data.synthetic import reading_rows
+
+    rows, rep = load_sft_rows([world / "local" / "paravt_reading_synth.parquet"])
+    assert rep.kept == rep.total == WorldConfig().reading_rows and all(not r.videos for r in rows)
+    n_reports = []
+    for r in rows:
+        (user, assistant) = r.messages
+        text, answer = user["content"][0]["text"], assistant["content"][0]["text"]
+        reports = [ln for ln in text.splitlines() if ln.startswith("[")]
+        n_reports.append(len(reports))
+        m = re.search(r"the (red|green|blue|yellow|white|magenta|cyan|orange) (circle|square|triangle) appear", text) \
+            or re.search(r"What colour is the (circle|square|triangle)\?", text)
+        shape = m.groups()[-1]
+        seen = [re.search(rf"A (\w+) {shape} is visible (?:from ([\d.]+) to ([\d.]+)|at ([\d.]+)) seconds", ln)
+                for ln in reports]
+        seen = [s for s in seen if s]
+        assert seen, r.where
+        colour = seen[0].group(1)
+        first = seen[0].group(2) or seen[0].group(4)
+        last = seen[-1].group(3) or seen[-1].group(4)
+        at = f"at {first} seconds" if first == last else f"from {first} to {last} seconds"
+        assert f"visible {at}." in answer, (r.where, answer)
+        assert re.search(rf"the (\w+ )?{shape}", answer.split(".")[0]), (r.where, answer)
+        if "Answer with one word" in text:
+            assert answer.endswith(f"It is {colour}."), (r.where, answer)
+        elif "option letter" in text:
+            letter = re.search(rf"^([ABCD])\. {colour}$", text, re.M).group(1)
+            opts = ", ".join(re.findall(r"^([ABCD]\. \w+)$", text, re.M))
+            assert f"as an option letter: {opts}." in answer, (r.where, answer)  # restated as the question writes them
+            assert answer.endswith(f"It is {colour}, option {letter}."), (r.where, answer)
+    assert set(n_reports) >= {2, 3, 4}  # 40-120 s videos in 30 s windows
+    # deterministic, and never the probe's videos (split "reading" vs "probe")
+    again = reading_rows(WorldConfig(), 5)
+    assert [json.loads(x["messages"]) for x in again] == [r.messages for r in rows[:5]]
+    assert all(x["id"].startswith("reading_") for x in again)

@@ -74,3 +74,25 @@ def test_forward_and_generate_with_frames(tiny, world):
     assert logits.shape[:2] == inp["input_ids"].shape and torch.isfinite(logits).all()
     g = model.generate(**inp, max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True)
     assert g.sequences.shape[1] <= inp["input_ids"].shape[1] + 8 and len(g.logits) >= 1
+
+
+def test_copy_warmup_is_seeded_and_recorded(tmp_path):
+    """The copy warm-up (the tiny base's induction circuit) trains the text stack only, with every
+    draw from the seed: two builds are byte-identical, the loss curve is in paravt_tiny.json, and the
+    weights differ from the random init (the vision tower does not)."""
+    from safetensors.torch import load_file
+
+    from paravt.models.tiny import CopyWarmup
+
+    a = build_tiny(tmp_path / "a", seed=1, warmup=CopyWarmup(steps=12, batch=4), progress=False)
+    build_tiny(tmp_path / "b", seed=1, warmup=CopyWarmup(steps=12, batch=4), progress=False)
+    build_tiny(tmp_path / "c", seed=1)
+    assert (tmp_path / "a/model.safetensors").read_bytes() == (tmp_path / "b/model.safetensors").read_bytes()
+    rec = json.loads((tmp_path / "a/paravt_tiny.json").read_text())["copy_warmup"]
+    assert rec["steps"] == 12 and len(rec["loss_curve_tenths"]) == 6 and rec["loss_first"] > 5.0
+    assert json.loads((tmp_path / "c/paravt_tiny.json").read_text())["copy_warmup"] == {"steps": 0}
+    wa, wc = load_file(tmp_path / "a/model.safetensors"), load_file(tmp_path / "c/model.safetensors")
+    changed = {k for k in wa if not torch.equal(wa[k], wc[k])}
+    assert any("language_model" in k for k in changed) and not any(".visual." in k for k in changed)
+    with pytest.raises(ValueError, match="CopyWarmup"):
+        CopyWarmup(steps=10, min_len=9, max_len=8)

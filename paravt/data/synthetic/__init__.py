@@ -11,6 +11,8 @@
   ``paravt_sft_synth.parquet`` (expert main-agent trajectories and sub-agent examples),
   ``paravt_perception_synth.parquet`` (sub-agent examples on 1-4 s windows: the tiny model's
   visual pretraining, see :func:`short_window_rows`),
+  ``paravt_reading_synth.parquet`` (text only: reports then a question, answered by looking the
+  reports up; the tiny main agent's reading lessons, see :func:`reading_rows`),
   ``paravt_rl_synth.parquet`` (RL prompts) and ``paravt_eval_synth.parquet`` (held-out videos);
 * ``DIR/world.json`` (every video's script) and ``DIR/world_stats.json`` (sizes, and how often
   the asked event is visible in a K-frame overview: the Tool Necessity Gap).
@@ -34,6 +36,7 @@ from paravt.data.synthetic.traces import (
                                           describe_window,
                                           expert_trajectory,
                                           lookup_example,
+                                          reading_rows,
                                           rl_record,
                                           sft_main_messages,
                                           sft_subagent_messages,
@@ -56,5 +59,5 @@ from paravt.data.synthetic.writer import build_world, world_stats
 
 __all__ = ["BACKGROUNDS", "COLOURS", "OVERVIEW_KS", "QUESTION_TYPES", "SHAPES", "Event", "VideoSpec", "WorldConfig",
            "build_world", "describe_window", "expert_trajectory", "lookup_example", "make_question", "make_spec",
-           "render_frame", "restate", "rl_record", "sft_main_messages", "sft_subagent_messages", "short_window_rows",
+           "reading_rows", "render_frame", "restate", "rl_record", "sft_main_messages", "sft_subagent_messages", "short_window_rows",
            "world_stats", "write_video"]

@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-duration", type=int, default=WorldConfig.max_duration)
     p.add_argument("--perception-windows", type=int, default=WorldConfig.perception_windows,
                    help="1-4 s sub-agent windows per train video in paravt_perception_synth.parquet")
+    p.add_argument("--reading-rows", type=int, default=WorldConfig.reading_rows,
+                   help="text-only reading rows (reports -> answer) in paravt_reading_synth.parquet (0: none)")
     p.add_argument("--system-mode", default=WorldConfig.system_mode,
                    help="system prompt of the expert main-agent traces (a mode of paravt.core.prompts)")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")
@@ -31,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(a.out)
     cfg = WorldConfig(seed=a.seed, n_train_videos=a.n_train_videos, n_eval_videos=a.n_eval_videos,
                       min_duration=a.min_duration, max_duration=a.max_duration,
-                      perception_windows=a.perception_windows, system_mode=a.system_mode)
+                      perception_windows=a.perception_windows,
+                      reading_rows=a.reading_rows, system_mode=a.system_mode)
     stats = build_world(a.out, cfg)
     print(json.dumps(stats, indent=2, sort_keys=True))
     return 0

@@ -45,6 +45,14 @@ def describe_window(spec: VideoSpec, timestamps: list[float]) -> str:
     return " ".join(lines)
 
 
+def where(times: list[float]) -> str:
+    """Where in time something is visible, in the words of the sub-agent reports (one frame: "at
+    X seconds"; several: "from X to Y seconds"), so the main agent's thought copies a report."""
+    if times[0] == times[-1]:
+        return f"at {times[0]:.1f} seconds"
+    return f"from {times[0]:.1f} to {times[-1]:.1f} seconds"
+
+
 def _answer_text(q: dict[str, Any], span: tuple[float, float] | None = None) -> str:
     if q["question_type"] == "tvg":
         s, e = span
@@ -91,20 +99,20 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         turns.append([text])
         a, b = (hits[0], hits[-1]) if hits else (s, e)
         span = (max(0.0, a - 0.5), min(float(spec.duration), b + 0.5))
-        turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible from {a:.1f} to {b:.1f} seconds.\n</think>\n"
+        turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible {where(hits or [a, b])}.\n</think>\n"
                      f"<answer>{_answer_text(q, span)}</answer>")
 
     if seen:
-        where = f"at {seen[0]:.1f} seconds" if len(seen) == 1 else f"from {seen[0]:.1f} to {seen[-1]:.1f} seconds"
+        at = where(seen)
         if q["question_type"] != "tvg":
-            turns.append(f"{THINK_PREFIX}{lead(f'In the overview {desc} is visible {where}.')} {_answer_sentence(q)}\n</think>\n"
+            turns.append(f"{THINK_PREFIX}{lead(f'In the overview {desc} is visible {at}.')} {_answer_sentence(q)}\n</think>\n"
                          f"<answer>{_answer_text(q)}</answer>")
         elif spacing <= 2.0:
             span = (max(0.0, seen[0] - spacing / 2), min(float(spec.duration), seen[-1] + spacing / 2))
-            turns.append(f"{THINK_PREFIX}{lead(f'In the overview {desc} is visible {where}.')}\n</think>\n"
+            turns.append(f"{THINK_PREFIX}{lead(f'In the overview {desc} is visible {at}.')}\n</think>\n"
                          f"<answer>{_answer_text(q, span)}</answer>")
         else:
-            fine_round(seen[0], seen[-1], f"In the overview {desc} is visible {where}, but the frames are sparse.")
+            fine_round(seen[0], seen[-1], f"In the overview {desc} is visible {at}, but the frames are sparse.")
         return {"turns": turns, "crops": crops}
 
     windows = _windows(spec.duration, cfg.coarse_window_s)
@@ -120,7 +128,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     if not hits:  # cannot happen with the default knobs; keep the trace well-formed anyway
         turns.append(f"{THINK_PREFIX}{desc.capitalize()} was not found.\n</think>\n<answer>unknown</answer>")
     elif q["question_type"] != "tvg":
-        turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible from {hits[0]:.1f} to {hits[-1]:.1f} seconds. "
+        turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible {where(hits)}. "
                      f"{_answer_sentence(q)}\n</think>\n<answer>{_answer_text(q)}</answer>")
     else:
         fine_round(hits[0], hits[-1], f"{desc.capitalize()} is visible near {hits[0]:.1f} seconds.")
@@ -208,11 +216,33 @@ def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | 
     if not hits:
         return None
     desc = f"The {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"The {ev.shape}"
-    answer = f"{restate(q)} {desc} is visible from {hits[0]:.1f} to {hits[-1]:.1f} seconds."
+    answer = f"{restate(q)} {desc} is visible {where(hits)}."
     if q["question_type"] != "tvg":
         answer += f" {_answer_sentence(q)}"
     return {"user": "Reports:\n" + "\n".join(reports) + f"\n{q['question']}", "answer": answer, "question": q,
             "hits": [hits[0], hits[-1]]}
+
+
+def reading_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
+    """``n`` text-only SFT rows of the main agent's last step (:func:`lookup_example` on the split
+    "reading": unrendered random videos, never the train, eval or probe ones): the user turn holds the
+    reports of a perfect sub-agent and a question, the assistant answers in the expert's words.
+
+    The tiny model's reading lessons (the embedded default only; Qwen3-VL-8B reads from its
+    pretraining): mixed into the perception and SFT batches they turn the copy warm-up's induction
+    circuit into a lookup, and keep it while perception is learnt."""
+    r = py_rng(cfg.seed, "reading-rows")
+    rows, j = [], 0
+    while len(rows) < n:
+        ex = lookup_example(cfg, "reading", j, r)
+        j += 1
+        if ex is None:
+            continue
+        msgs = [{"role": "user", "content": [{"type": "text", "text": ex["user"]}]},
+                {"role": "assistant", "content": [{"type": "text", "text": ex["answer"]}]}]
+        rows.append({"id": f"reading_{j - 1:05d}", "kind": "reading", "nframes": 0, "messages": json.dumps(msgs),
+                     "videos": []})
+    return rows
 
 
 def subagent_row(spec: VideoSpec, cfg: WorldConfig, row_id: str, s: float, e: float) -> dict[str, Any]:

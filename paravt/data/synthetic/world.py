@@ -45,6 +45,7 @@ class WorldConfig:
     fine_window_s: float = 12.0  # expert's temporal-refinement crop length (1 fps)
     crop_max_frames: int = 16
     perception_windows: int = 24  # 1-4 s sub-agent windows per train video in paravt_perception_synth.parquet
+    reading_rows: int = 3000  # text-only reading rows (reports -> answer) in paravt_reading_synth.parquet
     system_mode: str = "agentic_general"
 
     def __post_init__(self):
@@ -54,6 +55,8 @@ class WorldConfig:
             raise ValueError(f"events per video must be within 1..{len(SHAPES)}")
         if self.max_event_s * self.max_events * 3 > self.min_duration:
             raise ValueError("videos too short for their events")
+        if self.perception_windows < 0 or self.reading_rows < 0:
+            raise ValueError(f"perception_windows/reading_rows must be >= 0, got {self.perception_windows}/{self.reading_rows}")
 
 
 @dataclass
@@ -147,7 +150,7 @@ def restate(q: dict[str, Any]) -> str:
     turns read the task from here, a few tokens back, instead of from the question past the
     frames and tool responses (a tiny model learns that far sooner)."""
     if q["question_type"] == "mcq":
-        opts = ", ".join(f"{l} {o}" for l, o in zip("ABCD", q["options"]))
+        opts = ", ".join(f"{l}. {o}" for l, o in zip("ABCD", q["options"]))  # as the question writes them
         return f"The question asks the colour of the {q['shape']} as an option letter: {opts}."
     if q["question_type"] == "oe":
         return f"The question asks the colour of the {q['shape']} in one word."

@@ -19,6 +19,7 @@ from paravt.core.video import overview_timestamps
 from paravt.data.synthetic.render import write_video
 from paravt.data.synthetic.traces import (
     expert_trajectory,
+    reading_rows,
     rl_record,
     sft_main_messages,
     short_window_rows,
@@ -77,13 +78,16 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
     perception = [row for spec in specs["train"] for row in short_window_rows(spec, cfg, "perception", cfg.perception_windows)]
     _write_parquet(sft, parquet_dir / "paravt_sft_synth.parquet")
     _write_parquet(perception, parquet_dir / "paravt_perception_synth.parquet")
+    reading = reading_rows(cfg, cfg.reading_rows)
+    if reading:
+        _write_parquet(reading, parquet_dir / "paravt_reading_synth.parquet")
     _write_parquet(rl, parquet_dir / "paravt_rl_synth.parquet")
     _write_parquet(ev_rows, parquet_dir / "paravt_eval_synth.parquet")
 
     world = {"config": asdict(cfg), "videos": {s.id: asdict(s) for s in all_specs}}
     (out / "world.json").write_text(json.dumps(world, indent=1, sort_keys=True))
     stats = world_stats(specs, cfg)
-    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "sft_main_rows": len(sft) - n_sub,
+    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "reading_rows": len(reading), "sft_main_rows": len(sft) - n_sub,
                   "sft_subagent_rows": n_sub,
                   "rl_rows": len(rl), "eval_rows": len(ev_rows), "build_seconds": round(time.time() - t0, 2),
                   "media_bytes": sum(p.stat().st_size for p in media.rglob("*.mp4"))})
