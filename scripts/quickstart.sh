@@ -6,6 +6,8 @@
 #   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
 #   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
 #   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (20), EVAL_LIMIT (30 per cell), SEED (0)
+#   The reading experiment (#25, docs/RESULTS.md; off by default: it reads but loops):
+#     WARMUP_STEPS=3000 (copy warm-up of the tiny base), SFT_READING=1 (reading rows in the SFT batches), PERC_STEPS=1200
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 for a in "$@"; do  # --help before any work (no venv needed)
@@ -19,9 +21,9 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 SEED="${SEED:-0}"
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
-  WORLD_ARGS=(--n-train-videos 24 --n-eval-videos 8); PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
+  WORLD_ARGS=(--n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
 else
-  WORLD_ARGS=(); PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
+  WORLD_ARGS=(); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
 fi
 T0=$(date +%s)
 TS=$T0; STAGE=""
@@ -34,9 +36,9 @@ step() {
 }
 reuse() { echo "reusing"; REUSED=1; }
 
-step tiny_model "1/8 tiny Qwen3-VL -> $OUT/tiny_model"
+step tiny_model "1/8 tiny Qwen3-VL (copy warm-up: $WARMUP_STEPS steps) -> $OUT/tiny_model"
 if [[ -f "$OUT/tiny_model/paravt_tiny.json" ]]; then reuse; else
-  python -m paravt.models.tiny --out "$OUT/tiny_model" --seed "$SEED"; fi
+  python -m paravt.models.tiny --out "$OUT/tiny_model" --seed "$SEED" --copy-warmup-steps "$WARMUP_STEPS"; fi
 
 step world "2/8 synthetic world -> $OUT/world"
 if [[ -f "$OUT/world/world_stats.json" ]]; then reuse; else
@@ -47,16 +49,22 @@ if [[ -f "$OUT/world/local/materialize_report.json" ]]; then reuse; else
   python -m paravt.data.materialize --root "$OUT/world/media" --parquet-dir "$OUT/world/parquet" \
     --output-dir "$OUT/world/local"; fi
 
+# Perception runs on its own rows only: anything mixed in (reading rows) leaves it at chance (docs/RESULTS.md).
+# From a copy-warmed base it needs ~1200 steps instead of 600.
 step perception "4/8 perception pretraining of the tiny base ($PERC_STEPS steps) -> $OUT/perception"
 if [[ -e "$OUT/perception/final/config.json" ]]; then reuse; else
   python -m paravt.sft.train configs/sft/tiny_perception.yaml model_path="$OUT/tiny_model" output_dir="$OUT/perception" \
     data.0.path="$OUT/world/local/paravt_perception_synth.parquet" max_steps="$PERC_STEPS" \
     save_every="$PERC_STEPS" seed="$SEED"; fi
 
+# SFT_READING=1: the tiny model's reading lessons (text-only reports -> answer, paravt_reading_synth.parquet) are
+# mixed into the SFT batches; with the copy warm-up they teach the main agent to look the right report up.
+SFT_DATA="{path: $OUT/world/local/paravt_sft_synth.parquet, name: synthetic_sft}"
+[[ "$SFT_READING" == 1 ]] && SFT_DATA="$SFT_DATA, {path: $OUT/world/local/paravt_reading_synth.parquet, name: synthetic_reading}"
 step sft "5/8 cold-start SFT ($SFT_STEPS steps) -> $OUT/sft"
 if [[ -e "$OUT/sft/final/config.json" ]]; then reuse; else
   python -m paravt.sft.train configs/sft/tiny.yaml model_path="$OUT/perception/final" output_dir="$OUT/sft" \
-    data.0.path="$OUT/world/local/paravt_sft_synth.parquet" max_steps="$SFT_STEPS" \
+    "data=[$SFT_DATA]" max_steps="$SFT_STEPS" \
     save_every="$SFT_STEPS" seed="$SEED"; fi
 step probe "5b/8 what the sub-agents see (python -m paravt.eval.probe)"
 for M in perception sft; do

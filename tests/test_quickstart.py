@@ -19,6 +19,15 @@ def test_short_quickstart(tmp_path):
     assert (out / "report_curves.png").stat().st_size > 1000
     assert (out / "rl_paragrpo/final/config.json").exists() and (out / "sft/loss_curve.png").exists()
     assert (out / "perception/final/config.json").exists()
+    import json
+
+    import pyarrow.parquet as pq
+
+    # the tiny base got its copy warm-up, the SFT stage its reading rows, the probe reads
+    assert json.loads((out / "tiny_model/paravt_tiny.json").read_text())["copy_warmup"]["steps"] == 100
+    assert pq.read_metadata(out / "world/local/paravt_reading_synth.parquet").num_rows == 300
+    assert json.loads((out / "probe_sft.json").read_text())["reading"]["n"] == 8
+    assert "reading: shape / colour / times" in report
     # rerunning reuses every finished stage
     r2 = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=900,
                         env={**os.environ, "QUICKSTART_SMALL": "1"})
