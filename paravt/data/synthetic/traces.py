@@ -229,8 +229,9 @@ def reading_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
     reports of a perfect sub-agent and a question, the assistant answers in the expert's words.
 
     The tiny model's reading lessons (the embedded default only; Qwen3-VL-8B reads from its
-    pretraining): mixed into the perception and SFT batches they turn the copy warm-up's induction
-    circuit into a lookup, and keep it while perception is learnt."""
+    pretraining): mixed into the SFT batches (quickstart ``SFT_READING=1``) they turn the copy
+    warm-up's induction circuit into a lookup; mixed into the perception batches they leave perception
+    at chance (docs/RESULTS.md, session 10)."""
     r = py_rng(cfg.seed, "reading-rows")
     rows, j = [], 0
     while len(rows) < n:
