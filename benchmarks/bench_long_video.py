@@ -13,7 +13,11 @@ a moving texture with grain), then times in one run, per file:
   there (the "floor" the issue names: decoding from the nearest keyframe to each target);
 - project_pyav: ``sample_overview`` with the default reader (keyframe seeks, frame threads,
   non-reference frames skipped far from a target), opened fresh;
-- crops: ``sample_crop`` of a 30 s window at the start, middle and end (16 frames), fresh reader.
+- crops: ``sample_crop`` of a 30 s window at the start, middle and end (16 frames), fresh reader;
+- torchcodec (when it imports: ``pip install torchcodec==0.13.0`` — the CPU wheel — plus the
+  system FFmpeg libraries, ``apt-get install libavcodec59 libavformat59 libavutil57 libswscale6
+  libavdevice59 libavfilter8``): ``VideoDecoder(seek_mode=exact|approximate).get_frames_at`` of the
+  same indices, FFmpeg threads auto (``num_ffmpeg_threads=0``), overview and middle crop, checked frame-exact too.
 
 Every PyAV result is checked frame-exact against the drawn numbers. Timings are wall-clock of one
 run on this machine (2 cores); ratios are within the run.
@@ -56,6 +60,21 @@ def seek_each(path: str, indices: list[int]) -> tuple[np.ndarray, int]:
     return np.stack(out), decoded
 
 
+def bench_torchcodec(p: str, idx: list[int], info) -> dict:
+    try:
+        from torchcodec.decoders import VideoDecoder  # noqa: PLC0415
+    except Exception as exc:  # noqa: BLE001 - not installed, or its FFmpeg libraries missing
+        return {"torchcodec": f"not usable here: {type(exc).__name__}: {exc}"[:200]}
+    mid = V.frame_indices(info.num_frames, info.fps, V.uniform_times(info.duration / 2, info.duration / 2 + 30, 16))
+    res: dict = {}
+    for mode in ("exact", "approximate"):
+        for name, ix in (("overview", idx), ("crop16_middle", mid)):
+            t, b = clock(lambda: VideoDecoder(p, seek_mode=mode, num_ffmpeg_threads=0, dimension_order="NHWC").get_frames_at(ix).data.numpy())
+            res[f"torchcodec_{mode}_{name}_s"] = round(t, 2)
+            res[f"torchcodec_{mode}_{name}_exact"] = [read_frame_number(x) for x in b] == list(ix)
+    return res
+
+
 def bench_file(path: Path, k: int) -> dict:
     p = str(path)
     V.READERS.clear()
@@ -94,6 +113,7 @@ def bench_file(path: Path, k: int) -> dict:
         V.READERS.clear()
         t, _ = clock(lambda: V.sample_crop(p, s, e, backend="decord"))
         res[f"crop16_{name}_decord_s"] = round(t, 3)
+    res.update(bench_torchcodec(p, idx, info))
     res["speedup_vs_decord_get_batch"] = round(res["decord_get_batch_s"] / res["project_pyav_s"], 2)
     res["vs_floor"] = round(res["project_pyav_s"] / res["pyav_seek_each_s"], 2)
     return res
@@ -113,11 +133,6 @@ def main(argv=None) -> int:
             print(f"wrote {path} in {t:.0f} s", flush=True)
         out[f"{m}min"] = bench_file(path, a.k)
         print(out[f"{m}min"], flush=True)
-    try:
-        import torchcodec  # noqa: F401, PLC0415
-        out["torchcodec"] = "installed (not timed here)"
-    except Exception as exc:  # noqa: BLE001
-        out["torchcodec"] = f"not usable here: {type(exc).__name__}: {exc}"[:300]
     return write_result(a.out, out)
 
 

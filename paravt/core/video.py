@@ -16,6 +16,7 @@ A missing or undecodable file raises :class:`VideoError` naming the file.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import threading
@@ -217,6 +218,46 @@ class _Decoder:
         self.c.close()
 
 
+def split_runs(targets: list[int], w: int, gop: int, keys=()) -> list[list[int]]:
+    """Sorted ``targets`` cut into at most ``w`` contiguous runs, one per decoder, balancing the
+    frames each decodes: a target costs the distance from the previous target of its run or from
+    the keyframe before it, whichever is later (the reader's policy: it seeks when a keyframe lies
+    between). Keyframes are those in ``keys`` seen so far, else the GOP grid — an estimate that only
+    decides the split, never the frames. The least maximum cost is found by bisection over greedy
+    packings; no run is empty."""
+    if w <= 1 or len(targets) <= 1:
+        return [list(targets)] if targets else []
+    ks = sorted(keys)
+
+    def key_before(i: int) -> int:
+        j = bisect.bisect_right(ks, i) - 1
+        return max(ks[j] if j >= 0 else 0, i // gop * gop)
+
+    lead = [t - key_before(t) for t in targets]  # the cost of a target that starts a run
+
+    def pack(limit: int) -> list[list[int]]:
+        runs: list[list[int]] = [[targets[0]]]
+        cost = lead[0]
+        for i in range(1, len(targets)):
+            step = min(lead[i], targets[i] - targets[i - 1])
+            if cost + step > limit:
+                runs.append([targets[i]])
+                cost = lead[i]
+            else:
+                runs[-1].append(targets[i])
+                cost += step
+        return runs
+
+    lo, hi = max(lead), sum(lead)
+    while lo < hi:  # the least limit that packs into <= w runs
+        mid = (lo + hi) // 2
+        if len(pack(mid)) <= w:
+            hi = mid
+        else:
+            lo = mid + 1
+    return pack(lo)
+
+
 class VideoReader:
     """One open video: its metadata from the container (nothing decoded) and any frames by index,
     frame-exact (frame ``i`` is the ``i``-th in presentation order, the frame decord returns for
@@ -275,9 +316,10 @@ class VideoReader:
         bad = [i for i in want if not 0 <= i < self.info.num_frames]
         if bad:
             raise VideoError(f"frames {bad[:4]} outside 0..{self.info.num_frames - 1} of {self.path}")
-        gop = self._decoders[0].gop
-        w = min(self.workers, len(want)) if want and want[-1] - want[0] > 2 * gop else 1
-        runs = [want[len(want) * k // w: len(want) * (k + 1) // w] for k in range(w)]
+        d0 = self._decoders[0]
+        w = min(self.workers, len(want)) if want and want[-1] - want[0] > 2 * d0.gop else 1
+        runs = split_runs(want, w, d0.gop, d0.keys)
+        w = len(runs)
         got: dict[int, np.ndarray] = {}
         errors: list[BaseException] = []
 

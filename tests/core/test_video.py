@@ -226,3 +226,24 @@ def test_a_truncated_file_is_a_video_error_naming_it(numbered, tmp_path):
         return
     with pytest.raises(VideoError, match="cut.mp4"):
         r.frames([r.info.num_frames - 1])
+
+
+def test_split_runs_balances_decoding_not_counts():
+    from paravt.core.video import split_runs
+
+    # a 30 s crop at 24 fps in 250-frame GOPs: the first target lies 222 frames after its keyframe
+    crop = [7222, 7268, 7312, 7358, 7402, 7448, 7492, 7538, 7582, 7628, 7672, 7718, 7762, 7808, 7852, 7898]
+    runs = split_runs(crop, 2, 250)
+    assert [t for r in runs for t in r] == crop and all(runs)
+    cost = [r[-1] - r[0] // 250 * 250 for r in runs]
+    halves = [crop[:8], crop[8:]]
+    assert max(cost) < max(h[-1] - h[0] // 250 * 250 for h in halves)  # 492 vs 538 frames
+    # a keyframe seen at 7200 (a scene cut just before the window): the first run starts cheaply
+    # and takes more targets
+    cut = split_runs(crop, 2, 250, keys={0, 7200})
+    assert [t for r in cut for t in r] == crop and len(cut[0]) > len(runs[0])
+    # evenly spread overview targets (one per GOP): equal halves
+    ov = list(range(112, 14400, 225))
+    assert [len(r) for r in split_runs(ov, 2, 250)] in ([32, 32], [31, 33], [33, 31])
+    assert split_runs(ov, 1, 250) == [ov] and split_runs([], 2, 250) == [] and split_runs([5], 4, 250) == [[5]]
+    assert all(split_runs(ov, 4, 250)) and len(split_runs(ov, 4, 250)) == 4
