@@ -318,12 +318,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden-size", type=int, default=TinyShape.hidden_size)
     p.add_argument("--layers", type=int, default=TinyShape.num_hidden_layers)
+    p.add_argument("--heads", type=int, default=TinyShape.num_attention_heads,
+                   help=f"attention heads of the text stack (head_dim {TinyShape.head_dim})")
+    p.add_argument("--kv-heads", type=int, default=TinyShape.num_key_value_heads)
+    p.add_argument("--intermediate-size", type=int, default=TinyShape.intermediate_size)
     p.add_argument("--copy-warmup-steps", type=int, default=CopyWarmup.steps,
                    help="text-only copy warm-up steps that grow an induction circuit (0: random init; "
                         "the quickstart uses 3000, ~3 min on 2 cores)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
-    shape = TinyShape(hidden_size=a.hidden_size, num_hidden_layers=a.layers)
+    shape = TinyShape(hidden_size=a.hidden_size, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                      num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate_size)
     stats = build_tiny(a.out, a.seed, shape, CopyWarmup(steps=a.copy_warmup_steps), progress=not a.no_progress)
     print(json.dumps({k: v for k, v in stats.items() if k != "shape"}, indent=2))
     return 0

@@ -96,3 +96,18 @@ def test_copy_warmup_is_seeded_and_recorded(tmp_path):
     assert any("language_model" in k for k in changed) and not any(".visual." in k for k in changed)
     with pytest.raises(ValueError, match="CopyWarmup"):
         CopyWarmup(steps=10, min_len=9, max_len=8)
+
+
+def test_cli_shape_flags(tmp_path):
+    """The width knobs of `python -m paravt.models.tiny` reach the saved config (and a bad one is refused)."""
+    from transformers import AutoConfig
+
+    from paravt.models.tiny import main
+
+    assert main(["--out", str(tmp_path / "w"), "--hidden-size", "256", "--heads", "8", "--kv-heads", "4",
+                 "--intermediate-size", "768", "--no-progress"]) == 0
+    cfg = AutoConfig.from_pretrained(tmp_path / "w").text_config
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size) == (256, 8, 4, 768)
+    assert json.loads((tmp_path / "w" / "paravt_tiny.json").read_text())["shape"]["num_attention_heads"] == 8
+    with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
+        main(["--out", str(tmp_path / "bad"), "--heads", "6", "--kv-heads", "4", "--no-progress"])
