@@ -8,6 +8,8 @@
 #   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (20), EVAL_LIMIT (30 per cell), SEED (0)
 #   The reading experiment (#25, docs/RESULTS.md; off by default: it reads but loops):
 #     WARMUP_STEPS=3000 (copy warm-up of the tiny base), SFT_READING=1 (reading rows in the SFT batches), PERC_STEPS=1200
+#   TINY_ARGS: extra flags of python -m paravt.models.tiny, e.g. the wide base of the #25 experiments:
+#     TINY_ARGS="--hidden-size 256 --heads 8 --kv-heads 4 --intermediate-size 768"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 for a in "$@"; do  # --help before any work (no venv needed)
@@ -25,6 +27,7 @@ if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
 else
   WORLD_ARGS=(); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
 fi
+read -ra TINY_EXTRA <<< "${TINY_ARGS:-}"
 T0=$(date +%s)
 TS=$T0; STAGE=""
 # Each stage's wall-clock seconds go to $OUT/stage_seconds.tsv (reused stages are not timed again).
@@ -38,7 +41,7 @@ reuse() { echo "reusing"; REUSED=1; }
 
 step tiny_model "1/8 tiny Qwen3-VL (copy warm-up: $WARMUP_STEPS steps) -> $OUT/tiny_model"
 if [[ -f "$OUT/tiny_model/paravt_tiny.json" ]]; then reuse; else
-  python -m paravt.models.tiny --out "$OUT/tiny_model" --seed "$SEED" --copy-warmup-steps "$WARMUP_STEPS"; fi
+  python -m paravt.models.tiny --out "$OUT/tiny_model" --seed "$SEED" --copy-warmup-steps "$WARMUP_STEPS" "${TINY_EXTRA[@]}"; fi
 
 step world "2/8 synthetic world -> $OUT/world"
 if [[ -f "$OUT/world/world_stats.json" ]]; then reuse; else

@@ -54,6 +54,8 @@ class EpisodeConfig:
     think_prefix: bool = True  # append "<think>\n" to every main-agent generation prompt
     temperature: float = 0.7
     top_p: float = 1.0
+    frequency_penalty: float = 0.0  # eval knob (SamplingParams); RL leaves 0: samples stay on-policy
+    presence_penalty: float = 0.0
     max_new_tokens: int = 2048
     max_context_tokens: int = 32768
     crop: CropConfig = field(default_factory=CropConfig)
@@ -207,6 +209,7 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
             max_new = cfg.final_turn_max_tokens
         max_new = max(1, min(max_new, cfg.max_context_tokens - len(conv)))
         params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new,
+                                frequency_penalty=cfg.frequency_penalty, presence_penalty=cfg.presence_penalty,
                                 seed=stable_hash(seed, sample.sample_id, "main", turn))
         context_len = len(conv)  # the turn's position: every token before its generated text
         out = await conv.generate(params)

@@ -38,10 +38,20 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    # OpenAI / vLLM / SGLang semantics, over the tokens generated so far (never the prompt): each
+    # candidate's logit minus frequency_penalty x its count, minus presence_penalty if it occurred.
+    # Eval-only knobs (they break copy loops); RL keeps 0 so the sampler is the policy its
+    # logprobs describe. Logprobs stay the model's raw ones either way.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self):
         if self.temperature < 0 or not math.isfinite(self.temperature):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2] (the OpenAI range), got {v}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:

@@ -47,9 +47,10 @@ class _RowSampler(LogitsProcessor):
     """Chooses each row's next token with its own params and generator; the chosen token
     gets score 0 and the rest -inf, so generate's greedy step keeps it."""
 
-    def __init__(self, reqs: list[_Request], banned: list[int] | None = None):
+    def __init__(self, reqs: list[_Request], banned: list[int] | None = None, prompt_len: int = 0):
         self.reqs = reqs
         self.banned = list(banned or [])
+        self.prompt_len = prompt_len  # left-padded batch: the generated tokens are the columns after it
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         out = torch.full_like(scores, float("-inf"))
@@ -59,6 +60,9 @@ class _RowSampler(LogitsProcessor):
         for i, r in enumerate(self.reqs):
             p = r.params
             row = scores[i]
+            if (p.frequency_penalty or p.presence_penalty) and input_ids.shape[1] > self.prompt_len:
+                counts = torch.bincount(input_ids[i, self.prompt_len:], minlength=row.numel())[: row.numel()]
+                row = row - p.frequency_penalty * counts.to(row.dtype) - p.presence_penalty * (counts > 0).to(row.dtype)
             if p.greedy:
                 tok = int(torch.argmax(row))
             else:
@@ -251,7 +255,7 @@ class HFEngine(InferenceEngine):
                                    pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True)
         with self._lock, torch.no_grad():
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
-                                      generation_config=gen_cfg, logits_processor=[_RowSampler(reqs, self.banned_ids)],
+                                      generation_config=gen_cfg, logits_processor=[_RowSampler(reqs, self.banned_ids, L)],
                                       stopping_criteria=[stopper], **kwargs)
         seqs = out.sequences[:, L:].cpu()
         logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else torch.zeros(B, 0, 1)

@@ -49,7 +49,8 @@ def _params_from_sglang(sp: dict[str, Any]) -> SamplingParams:
     return SamplingParams(temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
                           top_k=int(sp.get("top_k", -1)), max_new_tokens=int(sp.get("max_new_tokens", 128)),
                           stop=list(sp.get("stop") or []), stop_token_ids=list(sp.get("stop_token_ids") or []),
-                          seed=sp.get("sampling_seed"))
+                          seed=sp.get("sampling_seed"), frequency_penalty=float(sp.get("frequency_penalty", 0.0)),
+                          presence_penalty=float(sp.get("presence_penalty", 0.0)))
 
 
 def _chat_messages(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -161,7 +162,9 @@ def build_app(engine: HFEngine, model_name: str = "paravt", trust_request_mm_kwa
             ids, imgs = encode_text(engine.processor, text, images)
             params = SamplingParams(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
                                     max_new_tokens=int(body.get("max_tokens") or 512),
-                                    stop=list(body.get("stop") or []), seed=body.get("seed"))
+                                    stop=list(body.get("stop") or []), seed=body.get("seed"),
+                                    frequency_penalty=float(body.get("frequency_penalty") or 0.0),
+                                    presence_penalty=float(body.get("presence_penalty") or 0.0))
         except (KeyError, ValueError, TypeError) as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
         out = await engine.generate(ids, imgs, params)

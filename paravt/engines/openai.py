@@ -106,6 +106,10 @@ def chat_payload(model: str, messages: list[dict[str, Any]], params: SamplingPar
     body: dict[str, Any] = {"model": model, "messages": msgs, "temperature": params.temperature,
                             "top_p": params.top_p, "max_tokens": params.max_new_tokens, "logprobs": logprobs,
                             "skip_special_tokens": False, "return_token_ids": True}
+    if params.frequency_penalty:
+        body["frequency_penalty"] = params.frequency_penalty
+    if params.presence_penalty:
+        body["presence_penalty"] = params.presence_penalty
     if frames:
         if len(set(frames)) > 1:
             raise ValueError(f"videos of one request need one frame budget, got {sorted(set(frames))}")

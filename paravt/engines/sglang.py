@@ -182,6 +182,10 @@ def sampling_payload(params: SamplingParams, banned_token_ids: Sequence[int] = (
         sp["stop_token_ids"] = list(params.stop_token_ids)
     if params.seed is not None:
         sp["sampling_seed"] = int(params.seed) % (2**31)
+    if params.frequency_penalty:
+        sp["frequency_penalty"] = params.frequency_penalty
+    if params.presence_penalty:
+        sp["presence_penalty"] = params.presence_penalty
     if banned_token_ids:  # vision placeholders must never be generated
         sp["logit_bias"] = {str(int(t)): -100.0 for t in banned_token_ids}
     return sp

@@ -105,6 +105,8 @@ def run_identity(cfg: "EvalConfig", split: str) -> dict[str, Any]:
             "max_turns": cfg.max_turns, "max_parallel": cfg.max_parallel, "max_new_tokens": cfg.max_new_tokens,
             "temperature": cfg.temperature, "final_answer_tokens": [cfg.final_answer_tokens_mcq,
                                                                      cfg.final_answer_tokens_tvg],
+            **({"penalties": [cfg.frequency_penalty, cfg.presence_penalty]}
+               if cfg.frequency_penalty or cfg.presence_penalty else {}),  # absent when off: old runs resume
             "subtitle_max_chars": cfg.subtitle_max_chars, "crop": {k: v for k, v in asdict(cfg.crop).items() if k != "decoder"},  # decoders give equal frames
             "shard": [cfg.shard_id, cfg.num_shards],
             **({"mcq_judge": {"base_url": cfg.mcq_judge.base_url, "model": cfg.mcq_judge.model}}
@@ -187,6 +189,10 @@ class EvalConfig:
     max_parallel: int = 5  # tool calls executed per turn (extra ones dropped)
     max_new_tokens: int = 2048  # tokens per turn
     temperature: float = 0.0  # 0 = greedy
+    # the main agent's frequency / presence penalties (OpenAI semantics, generated tokens only; sent
+    # to vLLM / SGLang as theirs): 0 = off, the paper's protocol. A knob for models that loop.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     # Overview protocol. release (the authors' eval driver, used for Table 1): K frames as bare
     # images at qwen-vl-utils' default video pixel bounds (100352-602112 px), no timestamps, no
     # "Video/Duration" header, no forced "<think>\n". paravt: 784-50176 px, "<t seconds>" before
@@ -239,11 +245,12 @@ class EvalConfig:
         bad = [f"{k}={getattr(self, k)}" for k, ok in (
             ("nframes", self.nframes >= 1), ("max_turns", self.max_turns >= 0), ("max_parallel", self.max_parallel >= 1),
             ("max_new_tokens", self.max_new_tokens >= 1), ("temperature", self.temperature >= 0),
+            ("frequency_penalty", -2 <= self.frequency_penalty <= 2), ("presence_penalty", -2 <= self.presence_penalty <= 2),
             ("concurrency", self.concurrency >= 1), ("retries", self.retries >= 0),
             ("limit", self.limit is None or self.limit >= 1)) if not ok]
         if bad:
             raise ValueError(f"{', '.join(bad)}: need nframes, max_parallel, max_new_tokens, concurrency >= 1, "
-                             "max_turns, temperature, retries >= 0, limit >= 1 or null")
+                             "max_turns, temperature, retries >= 0, limit >= 1 or null, penalties in [-2, 2]")
         if not 0.0 <= self.max_error_fraction <= 1.0:
             raise ValueError(f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}")
         if not self.splits:
@@ -276,6 +283,7 @@ def episode_config(cfg: EvalConfig, qtype: str) -> EpisodeConfig:
         overview_min_pixels=cfg.overview_min_pixels or proto["min_pixels"],
         overview_max_pixels=cfg.overview_max_pixels or proto["max_pixels"],
         temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, crop=cfg.crop,
+        frequency_penalty=cfg.frequency_penalty, presence_penalty=cfg.presence_penalty,
         final_turn_prompt=force if agentic else None,
         final_turn_max_tokens=(cfg.final_answer_tokens_tvg if qtype == "tvg" else cfg.final_answer_tokens_mcq)
         if agentic and force else None)

@@ -23,7 +23,8 @@ from sglang.api.v1 import api_types as sgl_api  # noqa: E402  (the real schema; 
 from sglang.srt.entrypoints.openai import protocol as sgl_openai  # noqa: E402
 from vllm.entrypoints.openai.chat_completion import protocol as vllm_chat  # noqa: E402
 
-PARAMS = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=64, seed=12345, stop_token_ids=[7])
+PARAMS = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=64, seed=12345, stop_token_ids=[7],
+                        frequency_penalty=0.3, presence_penalty=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,7 @@ def test_generate_body_passes_sglang_schema_and_sglang_expands_it_to_our_ids(tin
     body = generate_payload(ids, images, PARAMS, banned_token_ids=[pad], image_token_id=pad)
     req = sgl_api.GenerateRequest.from_json_value(json.loads(json.dumps(body)))
     assert req.return_logprob is True and req.sampling_params.sampling_seed == 12345
+    assert (req.sampling_params.frequency_penalty, req.sampling_params.presence_penalty) == (0.3, 0.2)
     assert len(req.image_data) == n_images
     sent = list(req.input_ids)
     assert sent.count(pad) == n_images  # SGLang counts one <|image_pad|> per image
@@ -109,7 +111,8 @@ def _video_messages(k: int):
 
 @pytest.mark.parametrize("k", [4, 64])
 def test_chat_body_passes_both_servers_and_carries_k_frames(k):
-    body = chat_payload("paravt-8b", _video_messages(k), SamplingParams(temperature=0.0, max_new_tokens=32, seed=1),
+    body = chat_payload("paravt-8b", _video_messages(k), SamplingParams(temperature=0.0, max_new_tokens=32, seed=1,
+                                                                        frequency_penalty=0.5),
                         prefix=THINK_PREFIX)
     body = json.loads(json.dumps(body))
     s = sgl_openai.ChatCompletionRequest.model_validate(body)
@@ -124,6 +127,7 @@ def test_chat_body_passes_both_servers_and_carries_k_frames(k):
     assert v.media_io_kwargs == {"video": {"num_frames": k, "min_frames": k, "max_frames": k}}
     assert s.continue_final_message and v.continue_final_message
     assert s.logprobs and v.logprobs
+    assert s.frequency_penalty == v.frequency_penalty == 0.5 and s.presence_penalty == v.presence_penalty == 0.0
 
 
 def test_chat_body_with_client_side_frames(tiny, prompts):

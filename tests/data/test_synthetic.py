@@ -175,3 +175,41 @@ def test_reading_rows_answer_from_the_matching_report(world):
     again = reading_rows(WorldConfig(), 5)
     assert [json.loads(x["messages"]) for x in again] == [r.messages for r in rows[:5]]
     assert all(x["id"].startswith("reading_") for x in again)
+
+
+def test_reading_rows_in_the_episode_format_are_text_only_episodes():
+    """reading_format=episode: the main agent's own conversation (system, question, parallel crop calls,
+    one perfect report per call as a tool message, the answer) on the same videos and questions as the
+    user format, with no overview frames; the answer copies the report that shows the asked shape."""
+    import re
+
+    from paravt.core.toolcall import parse_tool_calls
+    from paravt.data.synthetic import reading_rows
+
+    with pytest.raises(ValueError, match="reading_format"):
+        WorldConfig(reading_format="chat")
+    ep, user = reading_rows(WorldConfig(reading_format="episode"), 40), reading_rows(WorldConfig(), 40)
+    assert [r["id"] for r in ep] == [r["id"] for r in user] and all(not r["videos"] for r in ep)
+    for row, u in zip(ep, user):
+        m = json.loads(row["messages"])
+        roles = [x["role"] for x in m]
+        assert roles[:3] == ["system", "user", "assistant"] and roles[-1] == "assistant", roles
+        assert all(c["type"] == "text" for x in m for c in x["content"])  # no frames anywhere
+        lines = json.loads(u["messages"])[0]["content"][0]["text"].splitlines()
+        question = "\n".join(lines[max(i for i, ln in enumerate(lines) if ln.startswith("[")) + 1:])
+        assert m[1]["content"][-1]["text"].strip() == question.strip()  # the same question as the user format
+        calls = parse_tool_calls(m[2]["content"][0]["text"])
+        tools = [x["content"][0]["text"] for x in m if x["role"] == "tool"]
+        assert len(calls.calls) >= 2 and len(tools) >= len(calls.calls)  # parallel coarse windows (+ a fine round for tvg)
+        shape = re.search(r"(circle|square|triangle)", m[2]["content"][0]["text"]).group(1)
+        hit = next(t for t in tools if f" {shape} is visible" in t)
+        colour = re.search(rf"A (\w+) {shape}", hit).group(1)
+        answer = re.search(r"<answer>(.*)</answer>", m[-1]["content"][0]["text"], re.S).group(1)
+        if "Answer with one word" in question:
+            assert answer == colour, (row["id"], answer, hit)
+        elif "option letter" in question:
+            assert answer == re.search(rf"^([ABCD])\. {colour}$", question, re.M).group(1), (row["id"], answer, hit)
+        else:  # tvg: a span around the times the report gives
+            first = float(re.search(r"(?:from|at) ([\d.]+)", hit).group(1))
+            lo, hi = (float(x) for x in re.findall(r"[\d.]+", answer)[:2])
+            assert lo <= first <= hi, (row["id"], answer, hit)

@@ -110,6 +110,10 @@ def test_sampling_params_validation():
         SamplingParams(top_p=0)
     with pytest.raises(ValueError):
         SamplingParams(max_new_tokens=0)
+    with pytest.raises(ValueError, match="frequency_penalty"):
+        SamplingParams(frequency_penalty=2.5)
+    with pytest.raises(ValueError, match="presence_penalty"):
+        SamplingParams(presence_penalty=-3)
 
 
 def test_vision_placeholders_are_never_sampled(tiny):
@@ -126,3 +130,37 @@ def test_vision_placeholders_are_never_sampled(tiny):
     out = _RowSampler(reqs, banned)(torch.zeros(2, 1, dtype=torch.long), scores)
     chosen = out.argmax(-1).tolist()
     assert not set(chosen) & set(banned)
+
+
+def test_penalties_count_generated_tokens_only():
+    """_RowSampler: a token already generated loses frequency x count + presence; prompt tokens are not counted."""
+    from paravt.engines.hf import _RowSampler, _Request
+
+    def pick(params, ids, prompt_len):
+        req = _Request([], None, params, torch.Generator().manual_seed(0))
+        scores = torch.tensor([[0.0, 3.0, 2.5, 1.0]])
+        return int(_RowSampler([req], prompt_len=prompt_len)(torch.tensor([ids]), scores).argmax())
+
+    greedy = dict(temperature=0, max_new_tokens=8)
+    assert pick(SamplingParams(**greedy), [9, 1, 1], 1) == 1  # no penalty: the best logit
+    assert pick(SamplingParams(**greedy, frequency_penalty=0.3), [9, 1], 1) == 1  # 3.0 - 0.3 > 2.5
+    assert pick(SamplingParams(**greedy, frequency_penalty=0.3), [9, 1, 1], 1) == 2  # 3.0 - 0.6 < 2.5
+    assert pick(SamplingParams(**greedy, presence_penalty=0.6), [9, 1], 1) == 2
+    assert pick(SamplingParams(**greedy, frequency_penalty=1.0), [1, 1, 1, 9], 3) == 1  # 1s are prompt
+    assert pick(SamplingParams(**greedy, frequency_penalty=1.0), [1, 1], 2) == 1  # nothing generated yet
+
+
+def test_frequency_penalty_breaks_greedy_repetition_and_keeps_raw_logprobs(engine, prompt):
+    ids, imgs = prompt
+    base = asyncio.run(engine.generate(ids, imgs, SamplingParams(temperature=0, max_new_tokens=32)))
+    pen = asyncio.run(engine.generate(ids, imgs, SamplingParams(temperature=0, max_new_tokens=32, frequency_penalty=2.0)))
+    assert len(set(base.token_ids)) < len(base.token_ids)  # the random tiny model repeats itself greedily
+    assert pen.token_ids != base.token_ids
+    assert max(pen.token_ids.count(t) for t in set(pen.token_ids)) < max(base.token_ids.count(t) for t in set(base.token_ids))
+    full = torch.tensor([ids + pen.token_ids])  # logprobs are the model's, not the penalised sampler's
+    pv, grid = imgs.tensors(engine.processor)
+    with torch.no_grad():
+        logits = engine.model(input_ids=full, attention_mask=torch.ones_like(full), mm_token_type_ids=(full == engine.image_token_id).long(),
+                              pixel_values=pv, image_grid_thw=grid).logits[0, len(ids) - 1:-1]
+    ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(pen.token_ids)[:, None]).squeeze(1)
+    assert torch.allclose(ref, torch.tensor(pen.logprobs), atol=1e-4)

@@ -53,13 +53,14 @@ def rows(world):
     return load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])[0]
 
 
-def test_sglang_client_matches_in_process_engine(server, tiny, rows):
+@pytest.mark.parametrize("penalty", [0.0, 0.8])
+def test_sglang_client_matches_in_process_engine(server, tiny, rows, penalty):
     url, _ = server
     model, proc = tiny
     frames = sample_overview(rows[0].video, 4)
     ids, imgs = encode_prompt(proc, build_messages("agentic_minimal", rows[0].question, frames, "v.mp4", 60.0),
                               THINK_PREFIX)
-    p = SamplingParams(temperature=0.9, max_new_tokens=12, seed=11)
+    p = SamplingParams(temperature=0.9, max_new_tokens=12, seed=11, frequency_penalty=penalty)
 
     pad = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
 

@@ -42,6 +42,9 @@ def test_generate_payload():
     assert sp["temperature"] == 0.7 and sp["max_new_tokens"] == 2048 and sp["sampling_seed"] == 42
     assert sp["skip_special_tokens"] is False and sp["no_stop_trim"] is True and sp["stop"] == ["</answer>"]
     assert "image_data" not in generate_payload([1], None, SamplingParams())
+    assert "frequency_penalty" not in sp and "presence_penalty" not in sp  # off: not sent
+    sp = generate_payload([1], None, SamplingParams(frequency_penalty=0.5, presence_penalty=0.1))["sampling_params"]
+    assert (sp["frequency_penalty"], sp["presence_penalty"]) == (0.5, 0.1)
     assert generate_payload([1], None, SamplingParams(), banned_token_ids=[5, 6])["sampling_params"]["logit_bias"] == \
         {"5": -100.0, "6": -100.0}
 

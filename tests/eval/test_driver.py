@@ -104,6 +104,18 @@ def test_config_errors():
         EvalConfig(model="m", channel="video_url")
     with pytest.raises(ValueError, match="shard_id"):
         EvalConfig(model="m", shard_id=2, num_shards=2)
+    with pytest.raises(ValueError, match="frequency_penalty=3"):
+        EvalConfig(model="m", frequency_penalty=3)
+
+
+def test_penalties_reach_the_episode_and_the_resume_identity(tiny_dir):
+    from paravt.eval.driver import episode_config, run_identity
+
+    off, on = EvalConfig(model=str(tiny_dir)), EvalConfig(model=str(tiny_dir), frequency_penalty=0.5, presence_penalty=0.1)
+    assert "penalties" not in run_identity(off, "synthetic")  # off: identities of earlier runs unchanged
+    assert run_identity(on, "synthetic")["penalties"] == [0.5, 0.1]
+    ep = episode_config(on, "mcq")
+    assert (ep.frequency_penalty, ep.presence_penalty) == (0.5, 0.1)
 
 
 def test_reproduce_smoke_prints_the_table(world, tiny_dir, tmp_path):

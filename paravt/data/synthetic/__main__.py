@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="1-4 s sub-agent windows per train video in paravt_perception_synth.parquet")
     p.add_argument("--reading-rows", type=int, default=WorldConfig.reading_rows,
                    help="text-only reading rows (reports -> answer) in paravt_reading_synth.parquet (0: none)")
+    p.add_argument("--reading-format", default=WorldConfig.reading_format, choices=("user", "episode"),
+                   help="user: reports + question in one message; episode: the main agent's own conversation "
+                        "(crop calls, reports as tool messages) without overview frames")
     p.add_argument("--system-mode", default=WorldConfig.system_mode,
                    help="system prompt of the expert main-agent traces (a mode of paravt.core.prompts)")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")
@@ -34,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = WorldConfig(seed=a.seed, n_train_videos=a.n_train_videos, n_eval_videos=a.n_eval_videos,
                       min_duration=a.min_duration, max_duration=a.max_duration,
                       perception_windows=a.perception_windows,
-                      reading_rows=a.reading_rows, system_mode=a.system_mode)
+                      reading_rows=a.reading_rows, reading_format=a.reading_format, system_mode=a.system_mode)
     stats = build_world(a.out, cfg)
     print(json.dumps(stats, indent=2, sort_keys=True))
     return 0

@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from paravt.core.prompts import THINK_PREFIX, subagent_prompt
+from paravt.core.prompts import THINK_PREFIX, subagent_prompt, system_prompt
 from paravt.core.seeding import py_rng
 from paravt.core.toolcall import format_tool_call
 from paravt.core.video import crop_timestamps, overview_timestamps
@@ -71,7 +71,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
 
     Returns {"turns": [assistant text, [tool texts], assistant text, ...], "crops": [(s, e), ...]}."""
     ev = next(e for e in spec.events if e.shape == q["shape"])
-    ov = overview_timestamps(spec.num_frames, spec.fps, k)
+    ov = overview_timestamps(spec.num_frames, spec.fps, k) if k else []  # k = 0: no overview (reading rows)
     seen = [t for t in ov if ev.visible_at(t)]
     spacing = spec.duration / max(1, len(ov))
     turns: list[Any] = []
@@ -234,13 +234,18 @@ def reading_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
     at chance (docs/RESULTS.md, session 10)."""
     r = py_rng(cfg.seed, "reading-rows")
     rows, j = [], 0
+    system = system_prompt(cfg.system_mode) if cfg.reading_format == "episode" else None
     while len(rows) < n:
         ex = lookup_example(cfg, "reading", j, r)
         j += 1
         if ex is None:
             continue
-        msgs = [{"role": "user", "content": [{"type": "text", "text": ex["user"]}]},
-                {"role": "assistant", "content": [{"type": "text", "text": ex["answer"]}]}]
+        if system is not None:  # the same video and question as an episode without overview frames
+            spec, q = make_spec(cfg, "reading", j - 1), ex["question"]
+            msgs = sft_main_messages(spec, q, 0, expert_trajectory(spec, q, 0, cfg), system)
+        else:
+            msgs = [{"role": "user", "content": [{"type": "text", "text": ex["user"]}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": ex["answer"]}]}]
         rows.append({"id": f"reading_{j - 1:05d}", "kind": "reading", "nframes": 0, "messages": json.dumps(msgs),
                      "videos": []})
     return rows
