@@ -166,7 +166,9 @@ def test_tool_turn_with_frames_renders_to_our_ids(sft_world, sft_checkpoint, vll
         msgs = ov.messages + [{"role": "assistant", "content": turn}, {"role": "tool", "content": res.content}]
         eng = OpenAIEngine(vllm_server.cfg.url)
         try:
-            out = await eng.chat(msgs, SamplingParams(temperature=0.0, max_new_tokens=4), prefix=ecfg.prefix)
+            # with the eval's frequency penalty knob on: vLLM takes it (an unknown field would be a 400)
+            out = await eng.chat(msgs, SamplingParams(temperature=0.0, max_new_tokens=4, frequency_penalty=0.5),
+                                 prefix=ecfg.prefix)
         finally:
             await eng.close()
         return msgs, out
