@@ -174,7 +174,7 @@ class CropVideo(Tool):
         """One weight-sharing sub-agent: crop frames + summary prompt → a factual summary, on the
         main agent's own engine: token ids on a token engine (in-process, SGLang), the same
         messages through the chat API on a chat engine (an OpenAI-compatible server)."""
-        from paravt.models.tokenize import encode_prompt  # noqa: PLC0415
+        from paravt.models.tokenize import encode_prompt, run_encode  # noqa: PLC0415
         from paravt.core.seeding import stable_hash  # noqa: PLC0415
 
         messages = [{"role": "user", "content": prompts.frames_content(frames)
@@ -189,7 +189,7 @@ class CropVideo(Tool):
             seq.add(out.prompt_token_ids or [], "context")  # the server's ids when it returns them
             seq.add(out.token_ids, "policy", out.logprobs)
             return SubAgentTrajectory((ctx.turn, ctx.call_index), seq, out.text or "", out.finish_reason)
-        ids, images = await asyncio.to_thread(encode_prompt, ctx.processor, messages)
+        ids, images = await run_encode(encode_prompt, ctx.processor, messages)
         out = await ctx.engine.generate(ids, images, params)
         seq = SequenceRecord(images=images)
         seq.add(ids, "context")
