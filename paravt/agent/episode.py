@@ -55,7 +55,7 @@ class EpisodeConfig:
     temperature: float = 0.7
     top_p: float = 1.0
     frequency_penalty: float = 0.0  # eval knob (SamplingParams); RL leaves 0: samples stay on-policy
-    presence_penalty: float = 0.0
+    presence_penalty: float = 0.0  # eval knob, as frequency_penalty
     max_new_tokens: int = 2048
     max_context_tokens: int = 32768
     crop: CropConfig = field(default_factory=CropConfig)

@@ -201,7 +201,12 @@ def _clean_message(m: Any, where: str) -> dict[str, Any]:
     content = m.get("content")
     if isinstance(content, (list, tuple)):
         content = [{k: v for k, v in dict(i).items() if v is not None} for i in content]
-    return {"role": m["role"], "content": content if content is not None else ""}
+    out = {"role": m["role"], "content": content if content is not None else ""}
+    if m.get("weight") is not None:  # an assistant turn's loss weight: 0 (context only) or 1 (axolotl's "weight")
+        if m["weight"] not in (0, 1) or m["role"] != "assistant":
+            raise RowError(f"{where}: weight must be 0 or 1 on an assistant message, got {m['weight']!r} on {m['role']}")
+        out["weight"] = int(m["weight"])
+    return out
 
 
 def iter_parquet_records(paths: Iterable[str | Path]) -> Iterator[tuple[dict[str, Any], str]]:

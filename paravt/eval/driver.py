@@ -189,10 +189,8 @@ class EvalConfig:
     max_parallel: int = 5  # tool calls executed per turn (extra ones dropped)
     max_new_tokens: int = 2048  # tokens per turn
     temperature: float = 0.0  # 0 = greedy
-    # the main agent's frequency / presence penalties (OpenAI semantics, generated tokens only; sent
-    # to vLLM / SGLang as theirs): 0 = off, the paper's protocol. A knob for models that loop.
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0  # main agent: logit - penalty x count of the token so far in the turn (OpenAI/vLLM/SGLang); 0 = off (paper)
+    presence_penalty: float = 0.0  # main agent: logit - penalty if the token occurred in the turn; 0 = off (paper)
     # Overview protocol. release (the authors' eval driver, used for Table 1): K frames as bare
     # images at qwen-vl-utils' default video pixel bounds (100352-602112 px), no timestamps, no
     # "Video/Duration" header, no forced "<think>\n". paravt: 784-50176 px, "<t seconds>" before

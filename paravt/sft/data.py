@@ -114,7 +114,7 @@ def expand_media(messages: list[dict[str, Any]], video: VideoSamplingConfig) -> 
                 else:
                     items.append(it)
             content = items
-        out.append({"role": m["role"], "content": content})
+        out.append({**m, "content": content})  # other keys ("weight") kept
     return out
 
 
@@ -123,7 +123,8 @@ def _n_images(text: str) -> int:
 
 
 def tokenize_conversation(processor, messages: list[dict[str, Any]]) -> Example:
-    """Token ids and labels; only assistant turns (content + ``<|im_end|>``) are supervised."""
+    """Token ids and labels; only assistant turns (content + ``<|im_end|>``) are supervised, except
+    those marked ``"weight": 0`` (kept as context)."""
     render = processor.apply_chat_template
     full = render(messages, tokenize=False, add_generation_prompt=False)
     images = [i["image"] for m in messages if isinstance(m["content"], list) for i in m["content"]
@@ -131,7 +132,7 @@ def tokenize_conversation(processor, messages: list[dict[str, Any]]) -> Example:
     pieces: list[tuple[str, bool]] = []  # (text, supervised)
     pos = 0
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or m.get("weight", 1) == 0:  # weight 0: context only (as axolotl's)
             continue
         start = len(render(messages[:i], tokenize=False, add_generation_prompt=True)) if i else 0
         through = render(messages[: i + 1], tokenize=False, add_generation_prompt=False)

@@ -190,6 +190,12 @@ def test_reading_rows_in_the_episode_format_are_text_only_episodes():
         WorldConfig(reading_format="chat")
     ep, user = reading_rows(WorldConfig(reading_format="episode"), 40), reading_rows(WorldConfig(), 40)
     assert [r["id"] for r in ep] == [r["id"] for r in user] and all(not r["videos"] for r in ep)
+    ans = reading_rows(WorldConfig(reading_format="episode_answer"), 40)  # the same, loss on the last turn only
+    for a, e in zip(ans, ep):
+        ma, me = json.loads(a["messages"]), json.loads(e["messages"])
+        assert [{k: v for k, v in m.items() if k != "weight"} for m in ma] == me
+        assistant = [m for m in ma if m["role"] == "assistant"]
+        assert all(m.get("weight") == 0 for m in assistant[:-1]) and "weight" not in assistant[-1]
     for row, u in zip(ep, user):
         m = json.loads(row["messages"])
         roles = [x["role"] for x in m]
@@ -213,3 +219,33 @@ def test_reading_rows_in_the_episode_format_are_text_only_episodes():
             first = float(re.search(r"(?:from|at) ([\d.]+)", hit).group(1))
             lo, hi = (float(x) for x in re.findall(r"[\d.]+", answer)[:2])
             assert lo <= first <= hi, (row["id"], answer, hit)
+
+
+
+def test_episode_answer_rows_supervise_only_the_answer_through_the_real_loader(tiny, tmp_path):
+    """Written to parquet, loaded by load_sft_rows and built by the SFT ExampleBuilder (the path the
+    trainer takes): the ids are those of the episode format, the labels only the last assistant turn."""
+    from paravt.data.schema import DataError, load_sft_rows
+    from paravt.data.synthetic import reading_rows
+    from paravt.data.synthetic.writer import _write_parquet
+    from paravt.sft.data import IGNORE, ExampleBuilder, VideoSamplingConfig
+
+    _, proc = tiny
+    for fmt in ("episode", "episode_answer"):
+        _write_parquet(reading_rows(WorldConfig(reading_format=fmt), 6), tmp_path / f"{fmt}.parquet")
+    ep, _ = load_sft_rows([tmp_path / "episode.parquet"])
+    ans, _ = load_sft_rows([tmp_path / "episode_answer.parquet"])
+    b = ExampleBuilder(proc, VideoSamplingConfig(), 8192)
+    for e, a in zip(ep, ans):
+        xe, xa = b(e), b(a)
+        assert xe.input_ids == xa.input_ids
+        sup = proc.tokenizer.decode([t for t, lab in zip(xa.input_ids, xa.labels) if lab != IGNORE])
+        last = [m for m in a.messages if m["role"] == "assistant"][-1]["content"][0]["text"]
+        assert sup == last + "<|im_end|>"
+        assert sum(lab != IGNORE for lab in xe.labels) > sum(lab != IGNORE for lab in xa.labels)
+    bad = json.loads(reading_rows(WorldConfig(reading_format="episode_answer"), 1)[0]["messages"])
+    bad[2]["weight"] = 0.5
+    _write_parquet([{"id": "bad", "kind": "reading", "nframes": 0, "messages": json.dumps(bad), "videos": []}],
+                   tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match=r"bad.parquet:row 0: weight must be 0 or 1"):
+        load_sft_rows([tmp_path / "bad.parquet"])

@@ -44,6 +44,25 @@ def test_labels_cover_exactly_the_assistant_turns(tiny, rows):
     assert n_img == 4 * len(ex.images) and len(ex.images) == json.loads(json.dumps(multi.messages))[1]["content"][1]["nframes"]
 
 
+def test_weight_zero_turns_are_context_only(tiny, rows):
+    """An assistant turn marked "weight": 0 stays in the ids as context, unsupervised; the rest as before."""
+    import copy
+
+    _, proc = tiny
+    tok = proc.tokenizer
+    b = ExampleBuilder(proc, VideoSamplingConfig(), 8192)
+    multi = next(r for r in _main_rows(rows) if sum(m["role"] == "assistant" for m in r.messages) >= 2)
+    full = b(multi)
+    marked = copy.deepcopy(multi)
+    first = next(m for m in marked.messages if m["role"] == "assistant")
+    first["weight"] = 0
+    ex = b(marked)
+    assert ex.input_ids == full.input_ids
+    sup = tok.decode([t for t, lab in zip(ex.input_ids, ex.labels) if lab != IGNORE])
+    assert first["content"][0]["text"] not in sup and sup.endswith("</answer><|im_end|>")
+    assert sum(lab != IGNORE for lab in ex.labels) < sum(lab != IGNORE for lab in full.labels)
+
+
 def test_subagent_rows_supervise_the_summary(tiny, rows):
     _, proc = tiny
     sub = next(r for r in rows if r.messages[0]["role"] == "user")

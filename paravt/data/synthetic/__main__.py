@@ -25,9 +25,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="1-4 s sub-agent windows per train video in paravt_perception_synth.parquet")
     p.add_argument("--reading-rows", type=int, default=WorldConfig.reading_rows,
                    help="text-only reading rows (reports -> answer) in paravt_reading_synth.parquet (0: none)")
-    p.add_argument("--reading-format", default=WorldConfig.reading_format, choices=("user", "episode"),
+    p.add_argument("--reading-format", default=WorldConfig.reading_format, choices=("user", "episode", "episode_answer"),
                    help="user: reports + question in one message; episode: the main agent's own conversation "
-                        "(crop calls, reports as tool messages) without overview frames")
+                        "(crop calls, reports as tool messages) without overview frames; episode_answer: loss on its last turn only")
     p.add_argument("--system-mode", default=WorldConfig.system_mode,
                    help="system prompt of the expert main-agent traces (a mode of paravt.core.prompts)")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")

@@ -48,7 +48,8 @@ class WorldConfig:
     reading_rows: int = 3000  # text-only reading rows (reports -> answer) in paravt_reading_synth.parquet
     # user: the reports and the question in one user message, the answer (session 10's rows);
     # episode: the main agent's own conversation without overview frames (system prompt, question,
-    # the expert's crop calls, the perfect reports as tool messages, the expert's answer turns)
+    # the expert's crop calls, the perfect reports as tool messages, the expert's answer turns);
+    # episode_answer: the same with only the last assistant turn supervised (the others "weight": 0)
     reading_format: str = "user"
     system_mode: str = "agentic_general"
 
@@ -61,8 +62,8 @@ class WorldConfig:
             raise ValueError("videos too short for their events")
         if self.perception_windows < 0 or self.reading_rows < 0:
             raise ValueError(f"perception_windows/reading_rows must be >= 0, got {self.perception_windows}/{self.reading_rows}")
-        if self.reading_format not in ("user", "episode"):
-            raise ValueError(f"reading_format must be 'user' or 'episode', got {self.reading_format!r}")
+        if self.reading_format not in ("user", "episode", "episode_answer"):
+            raise ValueError(f"reading_format must be user, episode or episode_answer, got {self.reading_format!r}")
 
 
 @dataclass
