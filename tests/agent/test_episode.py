@@ -31,7 +31,8 @@ def test_multi_call_turn_exact_ids_and_mask(tiny, sample):
     turn1 = "The circle is red.\n</think>\n<answer>B</answer>"
     names = {"00:00": "first window", "00:10": "second window", "00:20": "third window"}
     # sub-agents finish in any order; the response order must still be the call order
-    eng = ScriptedEngine(tok, lambda t, p: [turn0, turn1][t], delay_s=0.05,
+    # (a sub-agent generates for 0.5 s: far longer than the prompt encodings, which run one at a time)
+    eng = ScriptedEngine(tok, lambda t, p: [turn0, turn1][t], delay_s=0.05, sub_delay_s=0.5,
                          sub=lambda p: names[p.split("segment ", 1)[1][:5]])
     cfg = EpisodeConfig(max_new_tokens=256)
     traj = run(run_episode(sample, eng, proc, cfg, k=4, seed=1))
