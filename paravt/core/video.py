@@ -318,7 +318,7 @@ class VideoReader:
             raise VideoError(f"frames {bad[:4]} outside 0..{self.info.num_frames - 1} of {self.path}")
         d0 = self._decoders[0]
         w = min(self.workers, len(want)) if want and want[-1] - want[0] > 2 * d0.gop else 1
-        runs = split_runs(want, w, d0.gop, d0.keys)
+        runs = split_runs(want, w, d0.gop, d0.keys) or [[]]  # no frames asked: one empty run, as before
         w = len(runs)
         got: dict[int, np.ndarray] = {}
         errors: list[BaseException] = []

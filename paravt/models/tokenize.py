@@ -46,8 +46,9 @@ def encode_prompt(processor, messages: list[dict[str, Any]], prefix: str = "") -
 #: Where concurrent prompt encodings run (the sub-agents of a turn): ONE worker, off the asyncio loop.
 #: Encoding is the chat template plus the image processor, Python and small torch ops holding the GIL;
 #: four 16-frame sub-agent prompts encoded in four threads all finished after ~40 ms, one after
-#: another they take ~4 ms each (benchmarks/README.md, "Engine batching"), so the first request
-#: reaches the engine at ~6 ms instead of ~38 ms.
+#: another they take ~5 ms each alone, 8-11 ms in an episode (benchmarks/README.md), so the first request
+#: reaches the engine at ~11-15 ms instead of ~38 ms. The heavy tensor work inside one encoding still
+#: uses torch's intra-op threads, so one worker does not cap a many-core node to one core.
 ENCODE_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paravt-encode")
 
 
