@@ -17,11 +17,16 @@ def _main_rows(rows):
     return [r for r in rows if r.messages[0]["role"] == "system"]
 
 
-def test_labels_cover_exactly_the_assistant_turns(tiny, rows):
+def _multi_turn(tiny, rows):
+    """(processor, an ExampleBuilder, a main-agent row with two or more assistant turns)."""
     _, proc = tiny
-    tok = proc.tokenizer
-    b = ExampleBuilder(proc, VideoSamplingConfig(), 8192)
     multi = next(r for r in _main_rows(rows) if sum(m["role"] == "assistant" for m in r.messages) >= 2)
+    return proc, ExampleBuilder(proc, VideoSamplingConfig(), 8192), multi
+
+
+def test_labels_cover_exactly_the_assistant_turns(tiny, rows):
+    proc, b, multi = _multi_turn(tiny, rows)
+    tok = proc.tokenizer
     ex = b(multi)
     # supervised spans, in order
     spans, cur = [], []
@@ -48,10 +53,8 @@ def test_weight_zero_turns_are_context_only(tiny, rows):
     """An assistant turn marked "weight": 0 stays in the ids as context, unsupervised; the rest as before."""
     import copy
 
-    _, proc = tiny
+    proc, b, multi = _multi_turn(tiny, rows)
     tok = proc.tokenizer
-    b = ExampleBuilder(proc, VideoSamplingConfig(), 8192)
-    multi = next(r for r in _main_rows(rows) if sum(m["role"] == "assistant" for m in r.messages) >= 2)
     full = b(multi)
     marked = copy.deepcopy(multi)
     first = next(m for m in marked.messages if m["role"] == "assistant")
