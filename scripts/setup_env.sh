@@ -14,17 +14,24 @@ if not ((3, 10) <= sys.version_info[:2] < (3, 13)):
 PY
 
 pipq() {  # pip with one line per download/install step (first builds take minutes); on failure its log
+  # A failed install is tried again (PIPQ_ATTEMPTS, default 3, PIPQ_RETRY_SLEEP x attempt seconds apart;
+  # downloads already finished come from pip's cache): the real-server venv downloads ~3.5 GB and one dropped connection must not fail CI.
   local venv="$1"; shift
-  local log rc; log="$(mktemp)"
-  "$venv/bin/pip" install --progress-bar off "$@" 2>&1 | tee "$log" \
-    | { grep --line-buffered -E "^(Downloading|Installing collected|Successfully installed)" | cut -c1-150 \
-        | sed -u 's/^/[pip] /' || true; }
-  rc=${PIPESTATUS[0]}
-  if [[ "$rc" != 0 ]]; then
-    grep -v "^WARNING: Location" "$log" >&2; rm -f "$log"
-    echo "[setup_env] pip install $* failed" >&2; exit 1
-  fi
-  rm -f "$log"
+  local log rc attempt attempts="${PIPQ_ATTEMPTS:-3}"
+  for ((attempt = 1; attempt <= attempts; attempt++)); do
+    log="$(mktemp)"
+    "$venv/bin/pip" install --progress-bar off --retries 10 "$@" 2>&1 | tee "$log" \
+      | { grep --line-buffered -E "^(Downloading|Installing collected|Successfully installed)" | cut -c1-150 \
+          | sed -u 's/^/[pip] /' || true; }
+    rc=${PIPESTATUS[0]}
+    if [[ "$rc" == 0 ]]; then rm -f "$log"; return 0; fi
+    # The end of pip's log on stdout and stderr: CI logs may keep only one of them.
+    echo "[setup_env] pip install $* failed (exit $rc, attempt $attempt of $attempts); the end of its log:"
+    grep -v "^WARNING: Location" "$log" | tail -n 25 | sed 's/^/[pip] /' | tee /dev/stderr
+    rm -f "$log"
+    if ((attempt < attempts)); then sleep $((attempt * ${PIPQ_RETRY_SLEEP:-20})); fi
+  done
+  echo "[setup_env] pip install $* failed $attempts times" >&2; exit 1
 }
 
 # torch from PyTorch's CPU index (requirements/cpu-torch.txt) unless pip already sees a local CPU

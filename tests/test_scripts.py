@@ -40,3 +40,29 @@ def test_perception_probe_reports_every_window(world, tiny_dir, tmp_path):
     assert all(ex["expected"].startswith("The question asks") for ex in rd["examples"])
     cp = res["copying"]  # the random-init tiny model has no induction circuit
     assert cp["n"] == 40 and cp["tokens"] > 300 and abs(cp["repeat_gain"]) < 0.1
+
+
+def test_setup_env_pip_retries_a_dropped_download(tmp_path):
+    """setup_env.sh's pip wrapper: a failed install is tried again, its log shown; a lasting failure exits 1."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    # A pip that fails like a dropped connection until its third call.
+    (venv / "bin/pip").write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo x >> {calls}; n=$(wc -l < {calls})\n'
+        'if (( n < 3 )); then echo "ReadTimeoutError: read timed out (call $n)"; exit 1; fi\n'
+        'echo "Successfully installed torch-2.13.0"\n')
+    (venv / "bin/pip").chmod(0o755)
+    script = 'source <(sed -n "/^pipq()/,/^}/p" scripts/setup_env.sh); pipq "$1" torch==2.13.0; echo done'
+    env = {"PATH": "/usr/bin:/bin", "PIPQ_RETRY_SLEEP": "0"}
+    r = subprocess.run(["bash", "-c", script, "_", str(venv)], capture_output=True, text=True,
+                       env={**env, "PIPQ_ATTEMPTS": "3"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "attempt 1 of 3" in r.stdout and "attempt 2 of 3" in r.stdout and "(call 2)" in r.stdout
+    assert "[pip] Successfully installed torch-2.13.0" in r.stdout and r.stdout.rstrip().endswith("done")
+    calls.unlink()
+    r = subprocess.run(["bash", "-c", script, "_", str(venv)], capture_output=True, text=True,
+                       env={**env, "PIPQ_ATTEMPTS": "2"})
+    assert r.returncode == 1 and "done" not in r.stdout
+    assert "failed 2 times" in r.stderr and "ReadTimeoutError" in r.stdout
