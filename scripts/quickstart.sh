@@ -10,6 +10,8 @@
 #     WARMUP_STEPS=3000 (copy warm-up of the tiny base), SFT_READING=1 (reading rows in the SFT batches), PERC_STEPS=1200
 #   TINY_ARGS: extra flags of python -m paravt.models.tiny, e.g. the wide base of the #25 experiments:
 #     TINY_ARGS="--hidden-size 256 --heads 8 --kv-heads 4 --intermediate-size 768"
+#   WORLD_FLAGS: extra flags of python -m paravt.data.synthetic, e.g. the #25 wording / reading-row runs:
+#     WORLD_FLAGS="--report-wording shape_first --reading-format episode"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 for a in "$@"; do  # --help before any work (no venv needed)
@@ -28,6 +30,7 @@ else
   WORLD_ARGS=(); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
 fi
 read -ra TINY_EXTRA <<< "${TINY_ARGS:-}"
+read -ra WORLD_EXTRA <<< "${WORLD_FLAGS:-}"
 T0=$(date +%s)
 TS=$T0; STAGE=""
 # Each stage's wall-clock seconds go to $OUT/stage_seconds.tsv (reused stages are not timed again).
@@ -45,7 +48,7 @@ if [[ -f "$OUT/tiny_model/paravt_tiny.json" ]]; then reuse; else
 
 step world "2/8 synthetic world -> $OUT/world"
 if [[ -f "$OUT/world/world_stats.json" ]]; then reuse; else
-  python -m paravt.data.synthetic --out "$OUT/world" --seed "$SEED" "${WORLD_ARGS[@]}"; fi
+  python -m paravt.data.synthetic --out "$OUT/world" --seed "$SEED" "${WORLD_ARGS[@]}" "${WORLD_EXTRA[@]}"; fi
 
 step materialize "3/8 materialize -> $OUT/world/local"
 if [[ -f "$OUT/world/local/materialize_report.json" ]]; then reuse; else

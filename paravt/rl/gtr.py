@@ -145,6 +145,9 @@ class OracleCorrector:
         world = json.loads(path.read_text())
         known = set(WorldConfig.__dataclass_fields__)  # a world built by an older version may carry retired knobs
         self.cfg = WorldConfig(**{k: v for k, v in world["config"].items() if k in known})
+        if self.cfg.report_wording != "colour_first":
+            raise ValueError(f"gtr oracle: {path} was built with report_wording={self.cfg.report_wording}; the oracle's "
+                             "thoughts are written in the colour_first wording only (build the world without --report-wording)")
         self.colours, self.shapes = sorted(COLOURS), list(SHAPES)
         self.specs: dict[str, Any] = {}
         for vid, v in world["videos"].items():

@@ -249,3 +249,47 @@ def test_episode_answer_rows_supervise_only_the_answer_through_the_real_loader(t
                    tmp_path / "bad.parquet")
     with pytest.raises(DataError, match=r"bad.parquet:row 0: weight must be 0 or 1"):
         load_sft_rows([tmp_path / "bad.parquet"])
+
+
+def test_shape_first_wording_puts_the_key_before_the_values():
+    """report_wording=shape_first: every report sighting reads "The <shape> is <colour>, visible ...";
+    the expert's answer turn after the coarse crops starts with the very sentence of the report that
+    shows the asked shape (when one window holds the whole sighting), so the answer is a
+    continuation of "The <shape> is" by copying; no earlier thought starts "The <shape> is"."""
+    import re
+
+    from paravt.data.synthetic import expert_trajectory, lookup_example, reading_rows
+    from paravt.data.synthetic.world import QUESTION_TYPES, make_question
+    from paravt.core.seeding import py_rng
+
+    with pytest.raises(ValueError, match="report_wording"):
+        WorldConfig(report_wording="value_last")
+    cfg, old = WorldConfig(report_wording="shape_first"), WorldConfig()
+    sight = re.compile(r"The (circle|square|triangle) is (\w+), visible (?:at [\d.]+|from [\d.]+ to [\d.]+) seconds\.")
+    r, copied, checked = py_rng(0, "wording-test"), 0, 0
+    for j in range(60):
+        spec = make_spec(cfg, "train", j)
+        ev = r.choice(spec.events)
+        q = make_question(spec, ev, r.choice(QUESTION_TYPES), r)
+        traj, base = expert_trajectory(spec, q, 4, cfg), expert_trajectory(spec, q, 4, old)
+        assert traj["crops"] == base["crops"]  # the same policy, only the words differ
+        reports = [t for turn in traj["turns"] if isinstance(turn, list) for t in turn]
+        for t in reports:
+            if "no coloured shape" not in t:
+                assert [m.group(0) for m in sight.finditer(t)] and not t.startswith("A "), t
+        thoughts = [t for t in traj["turns"] if isinstance(t, str)]
+        for t in thoughts[:-1]:
+            assert f"The {ev.shape} is" not in t.split("</think>")[0].split("The question asks")[0] or "visible near" in t, t
+        last = thoughts[-1].split("</think>")[0]
+        m = sight.search(last)
+        if len(thoughts) > 1 and q["question_type"] != "tvg":
+            assert m and m.group(1) == ev.shape and m.group(2) == ev.colour, last
+            checked += 1
+            copied += any(m.group(0) in t for t in reports)
+    assert checked >= 10 and copied >= checked // 2, (checked, copied)
+    ex = lookup_example(cfg, "probe", 0, py_rng(0, "x"))
+    while ex is None:
+        ex = lookup_example(cfg, "probe", 1, py_rng(1, "x"))
+    assert sight.search(ex["answer"]) and "A " not in ex["user"].split("Reports:")[1].split("\n")[1][:2]
+    rows = reading_rows(WorldConfig(report_wording="shape_first", reading_format="episode"), 5)
+    assert all(sight.search(json.loads(x["messages"])[-1]["content"][0]["text"]) for x in rows)

@@ -255,3 +255,14 @@ def test_world_config_roundtrip_for_the_oracle(world):
     # world.json carries the config the oracle rebuilds (crop_max_frames, coarse windows)
     cfg = json.loads((world / "world.json").read_text())["config"]
     assert WorldConfig(**cfg).crop_max_frames == 16
+
+
+def test_oracle_refuses_a_world_in_another_wording(world, tmp_path):
+    """The oracle writes colour_first thoughts; on a shape_first world it would judge and correct in
+    words the world never uses, so it stops naming the file and the knob."""
+    data = json.loads((world / "world.json").read_text())
+    data["config"]["report_wording"] = "shape_first"
+    (tmp_path / "world.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"world\.json was built with report_wording=shape_first"):
+        OracleCorrector(tmp_path)
+    assert OracleCorrector(world).cfg.report_wording == "colour_first"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from paravt.data.synthetic import __doc__ as DOC
-from paravt.data.synthetic.world import WorldConfig
+from paravt.data.synthetic.world import REPORT_WORDINGS, WorldConfig
 from paravt.data.synthetic.writer import build_world
 
 
@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reading-format", default=WorldConfig.reading_format, choices=("user", "episode", "episode_answer"),
                    help="user: reports + question in one message; episode: the main agent's own conversation "
                         "(crop calls, reports as tool messages) without overview frames; episode_answer: loss on its last turn only")
+    p.add_argument("--report-wording", default=WorldConfig.report_wording, choices=REPORT_WORDINGS,
+                   help="sightings in reports and thoughts: colour_first 'A yellow circle is visible from ...' or "
+                        "shape_first 'The circle is yellow, visible from ...' (the key before the values)")
     p.add_argument("--system-mode", default=WorldConfig.system_mode,
                    help="system prompt of the expert main-agent traces (a mode of paravt.core.prompts)")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")
@@ -37,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = WorldConfig(seed=a.seed, n_train_videos=a.n_train_videos, n_eval_videos=a.n_eval_videos,
                       min_duration=a.min_duration, max_duration=a.max_duration,
                       perception_windows=a.perception_windows,
-                      reading_rows=a.reading_rows, reading_format=a.reading_format, system_mode=a.system_mode)
+                      reading_rows=a.reading_rows, reading_format=a.reading_format, system_mode=a.system_mode,
+                      report_wording=a.report_wording)
     stats = build_world(a.out, cfg)
     print(json.dumps(stats, indent=2, sort_keys=True))
     return 0

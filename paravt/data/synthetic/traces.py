@@ -28,7 +28,16 @@ def _answer_sentence(q: dict[str, Any]) -> str:
     return f"It is {q['colour']}."
 
 
-def describe_window(spec: VideoSpec, timestamps: list[float]) -> str:
+def sighting(shape: str, colour: str, times: list[float], wording: str = "colour_first") -> str:
+    """One sighting in the words of the reports (``WorldConfig.report_wording``): colour_first "A
+    yellow circle is visible from 14.0 to 17.0 seconds."; shape_first "The circle is yellow, visible
+    from 14.0 to 17.0 seconds." (one frame: "at 14.0 seconds")."""
+    if wording == "shape_first":
+        return f"The {shape} is {colour}, visible {where(times)}."
+    return f"A {colour} {shape} is visible {where(times)}."
+
+
+def describe_window(spec: VideoSpec, timestamps: list[float], wording: str = "colour_first") -> str:
     """The expert sub-agent summary of the frames at ``timestamps``."""
     if not timestamps:
         return "No frames."
@@ -36,10 +45,7 @@ def describe_window(spec: VideoSpec, timestamps: list[float]) -> str:
     for ev in sorted(spec.events, key=lambda e: e.start):
         seen = [t for t in timestamps if ev.visible_at(t)]
         if seen:
-            if len(seen) == 1:
-                lines.append(f"A {ev.colour} {ev.shape} is visible at {seen[0]:.1f} seconds.")
-            else:
-                lines.append(f"A {ev.colour} {ev.shape} is visible from {seen[0]:.1f} to {seen[-1]:.1f} seconds.")
+            lines.append(sighting(ev.shape, ev.colour, seen, wording))
     if not lines:
         return f"From {timestamps[0]:.1f} to {timestamps[-1]:.1f} seconds no coloured shape is visible."
     return " ".join(lines)
@@ -77,6 +83,14 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     turns: list[Any] = []
     crops: list[tuple[float, float]] = []
     desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
+    wording = cfg.report_wording
+    shape_first = wording == "shape_first"
+
+    def found(times: list[float]) -> str:  # the thought that reads the reports
+        return sighting(ev.shape, ev.colour, times, wording) if shape_first else f"{desc.capitalize()} is visible {where(times)}."
+
+    def in_overview(at: str) -> str:
+        return f"In the overview the {ev.shape} is {ev.colour}, visible {at}." if shape_first else f"In the overview {desc} is visible {at}."
 
     def lead(text: str) -> str:  # the first turn opens with the restated task
         return f"{restate(q)} {text}" if not turns else text
@@ -87,7 +101,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
 
     def crop_response(s: float, e: float) -> tuple[str, list[float]]:
         ts = crop_times(spec, s, e, cfg)
-        return describe_window(spec, ts), [t for t in ts if ev.visible_at(t)]
+        return describe_window(spec, ts, wording), [t for t in ts if ev.visible_at(t)]
 
     def fine_round(centre_lo: float, centre_hi: float, why: str) -> None:
         half = cfg.fine_window_s / 2
@@ -99,25 +113,25 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         turns.append([text])
         a, b = (hits[0], hits[-1]) if hits else (s, e)
         span = (max(0.0, a - 0.5), min(float(spec.duration), b + 0.5))
-        turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible {where(hits or [a, b])}.\n</think>\n"
-                     f"<answer>{_answer_text(q, span)}</answer>")
+        turns.append(f"{THINK_PREFIX}{found(hits or [a, b])}\n</think>\n<answer>{_answer_text(q, span)}</answer>")
 
     if seen:
         at = where(seen)
         if q["question_type"] != "tvg":
-            turns.append(f"{THINK_PREFIX}{lead(f'In the overview {desc} is visible {at}.')} {_answer_sentence(q)}\n</think>\n"
+            turns.append(f"{THINK_PREFIX}{lead(in_overview(at))} {_answer_sentence(q)}\n</think>\n"
                          f"<answer>{_answer_text(q)}</answer>")
         elif spacing <= 2.0:
             span = (max(0.0, seen[0] - spacing / 2), min(float(spec.duration), seen[-1] + spacing / 2))
-            turns.append(f"{THINK_PREFIX}{lead(f'In the overview {desc} is visible {at}.')}\n</think>\n"
+            turns.append(f"{THINK_PREFIX}{lead(in_overview(at))}\n</think>\n"
                          f"<answer>{_answer_text(q, span)}</answer>")
         else:
-            fine_round(seen[0], seen[-1], f"In the overview {desc} is visible {at}, but the frames are sparse.")
+            fine_round(seen[0], seen[-1], f"{in_overview(at)[:-1]}, but the frames are sparse.")
         return {"turns": turns, "crops": crops}
 
     windows = _windows(spec.duration, cfg.coarse_window_s)
     calls = "\n".join(crop_call(s, e) for s, e in windows)
-    turns.append(f"{THINK_PREFIX}{lead(desc.capitalize() + ' is not visible in the overview frames.')} "
+    missing = f"No {desc[4:]} is visible" if shape_first else f"{desc.capitalize()} is not visible"
+    turns.append(f"{THINK_PREFIX}{lead(missing + ' in the overview frames.')} "
                  f"I will check {len(windows)} windows of the video in parallel.\n</think>\n{calls}")
     responses, hits = [], []
     for s, e in windows:
@@ -126,12 +140,14 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         hits += h
     turns.append(responses)
     if not hits:  # cannot happen with the default knobs; keep the trace well-formed anyway
-        turns.append(f"{THINK_PREFIX}{desc.capitalize()} was not found.\n</think>\n<answer>unknown</answer>")
+        nothing = f"No {desc[4:]} was found." if shape_first else f"{desc.capitalize()} was not found."
+        turns.append(f"{THINK_PREFIX}{nothing}\n</think>\n<answer>unknown</answer>")
     elif q["question_type"] != "tvg":
-        turns.append(f"{THINK_PREFIX}{desc.capitalize()} is visible {where(hits)}. "
-                     f"{_answer_sentence(q)}\n</think>\n<answer>{_answer_text(q)}</answer>")
+        turns.append(f"{THINK_PREFIX}{found(hits)} {_answer_sentence(q)}\n</think>\n<answer>{_answer_text(q)}</answer>")
     else:
-        fine_round(hits[0], hits[-1], f"{desc.capitalize()} is visible near {hits[0]:.1f} seconds.")
+        near = (f"The {ev.shape} is {ev.colour}, visible near {hits[0]:.1f} seconds." if shape_first
+                else f"{desc.capitalize()} is visible near {hits[0]:.1f} seconds.")
+        fine_round(hits[0], hits[-1], near)
     return {"turns": turns, "crops": crops}
 
 
@@ -177,7 +193,7 @@ def sft_subagent_messages(spec: VideoSpec, s: float, e: float, cfg: WorldConfig)
              "fps": 1.0, "max_frames": cfg.crop_max_frames},
             {"type": "text", "text": "\n" + subagent_prompt(s, e)},
         ]},
-        {"role": "assistant", "content": [{"type": "text", "text": describe_window(spec, ts)}]},
+        {"role": "assistant", "content": [{"type": "text", "text": describe_window(spec, ts, cfg.report_wording)}]},
     ]
 
 
@@ -211,12 +227,14 @@ def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | 
     reports, hits = [], []
     for s, e in _windows(spec.duration, cfg.coarse_window_s):
         ts = crop_times(spec, s, e, cfg)
-        reports.append(f"[{s:.1f}-{e:.1f} s] {describe_window(spec, ts)}")
+        reports.append(f"[{s:.1f}-{e:.1f} s] {describe_window(spec, ts, cfg.report_wording)}")
         hits += [t for t in ts if ev.visible_at(t)]
     if not hits:
         return None
     desc = f"The {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"The {ev.shape}"
     answer = f"{restate(q)} {desc} is visible {where(hits)}."
+    if cfg.report_wording == "shape_first":
+        answer = f"{restate(q)} {sighting(ev.shape, ev.colour, hits, 'shape_first')}"
     if q["question_type"] != "tvg":
         answer += f" {_answer_sentence(q)}"
     return {"user": "Reports:\n" + "\n".join(reports) + f"\n{q['question']}", "answer": answer, "question": q,

@@ -26,6 +26,7 @@ SHAPES = ("circle", "square", "triangle")
 BACKGROUNDS = [(12, 12, 12), (14, 14, 60), (60, 14, 14), (14, 50, 14), (45, 30, 10), (40, 10, 50)]
 OVERVIEW_KS = (4, 8, 16, 32, 64)
 QUESTION_TYPES = ("mcq", "oe", "tvg")
+REPORT_WORDINGS = ("colour_first", "shape_first")
 
 
 @dataclass
@@ -51,6 +52,12 @@ class WorldConfig:
     # the expert's crop calls, the perfect reports as tool messages, the expert's answer turns);
     # episode_answer: the same with only the last assistant turn supervised (the others "weight": 0)
     reading_format: str = "user"
+    # How a sighting is worded in the sub-agent reports and the expert's thoughts. colour_first (the
+    # default, sessions 1-11): "A yellow circle is visible from 14.0 to 17.0 seconds."; shape_first:
+    # "The circle is yellow, visible from 14.0 to 17.0 seconds." - the key (shape) before the values
+    # (colour, times), so the main agent's "The circle is" is continued by copying the report
+    # (induction), and no other thought starts "The <shape> is" (#25's forward wording).
+    report_wording: str = "colour_first"
     system_mode: str = "agentic_general"
 
     def __post_init__(self):
@@ -64,6 +71,8 @@ class WorldConfig:
             raise ValueError(f"perception_windows/reading_rows must be >= 0, got {self.perception_windows}/{self.reading_rows}")
         if self.reading_format not in ("user", "episode", "episode_answer"):
             raise ValueError(f"reading_format must be user, episode or episode_answer, got {self.reading_format!r}")
+        if self.report_wording not in REPORT_WORDINGS:
+            raise ValueError(f"report_wording must be one of {', '.join(REPORT_WORDINGS)}, got {self.report_wording!r}")
 
 
 @dataclass
