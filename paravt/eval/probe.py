@@ -76,6 +76,16 @@ def _times_inside(text: str, s: float, e: float) -> bool | None:
     return all(s - 0.6 <= x <= e + 0.6 for x in nums)
 
 
+def summary_hits(text: str, colour: str, shape: str) -> dict[str, bool]:
+    """What one sub-agent summary gets right: the first colour named is the event's; the colour is
+    tied to the shape in either report wording (``WorldConfig.report_wording``: "A yellow circle is
+    visible ..." or "The circle is yellow, visible ..."); no colour named at all (an empty window)."""
+    m = COLOUR_RE.search(text)
+    return {"colour": bool(m and m.group(1) == colour),
+            "colour_shape": f"{colour} {shape}" in text or f"{shape} is {colour}" in text,
+            "says_empty": m is None}
+
+
 async def probe_summaries(engine, rows, world: dict, max_tokens: int) -> dict:
     tool = CropVideo(CropConfig(subagent_temperature=0.0, subagent_max_tokens=max_tokens))
     jobs, meta = [], []
@@ -98,10 +108,9 @@ async def probe_summaries(engine, rows, world: dict, max_tokens: int) -> dict:
         st = stats.setdefault(kind, {"n": 0, "colour": 0, "colour_shape": 0, "says_empty": 0, "times_inside": 0, "times_n": 0})
         text = res.text
         st["n"] += 1
-        m = COLOUR_RE.search(text)
-        st["colour"] += bool(m and m.group(1) == info["colour"])
-        st["colour_shape"] += f"{info['colour']} {info['shape']}" in text
-        st["says_empty"] += m is None
+        got = summary_hits(text, info["colour"], info["shape"])
+        for key in ("colour", "colour_shape", "says_empty"):
+            st[key] += got[key]
         inside = _times_inside(text, s, e)
         if inside is not None:
             st["times_n"] += 1

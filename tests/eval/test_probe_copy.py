@@ -43,3 +43,18 @@ def test_copy_stats_separates_induction_from_local_prediction(tiny_dir):
     assert ind["repeat_acc"] > 0.9 and ind["repeat_gain"] > 0.5
     assert loc["repeat_acc"] == loc["first_acc"] == 0.0 and loc["repeat_gain"] == 0.0
     assert copy_stats(_Rule(len(tok), True), tok, cfg, n=10) == ind  # deterministic
+
+
+def test_summary_hits_in_both_report_wordings():
+    """The perception probe scores a summary the same in either world wording (a shape_first world
+    scored 0% colour+shape before: the check only knew "yellow circle")."""
+    from paravt.data.synthetic.traces import sighting
+    from paravt.eval.probe import summary_hits
+
+    for wording in ("colour_first", "shape_first"):
+        right = sighting("circle", "yellow", [14.0, 17.0], wording)
+        assert summary_hits(right, "yellow", "circle") == {"colour": True, "colour_shape": True, "says_empty": False}
+        wrong = sighting("square", "yellow", [14.0], wording) + " " + sighting("circle", "red", [20.0], wording)
+        assert summary_hits(wrong, "yellow", "circle") == {"colour": True, "colour_shape": False, "says_empty": False}
+        assert summary_hits(wrong, "red", "circle") == {"colour": False, "colour_shape": True, "says_empty": False}
+    assert summary_hits("From 1.0 to 8.0 seconds no coloured shape is visible.", "red", "circle")["says_empty"]
