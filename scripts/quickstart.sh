@@ -8,6 +8,7 @@
 #   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (20), EVAL_LIMIT (30 per cell), SEED (0)
 #   The reading experiment (#25, docs/RESULTS.md; off by default: it reads but loops):
 #     WARMUP_STEPS=3000 (copy warm-up of the tiny base), SFT_READING=1 (reading rows in the SFT batches), PERC_STEPS=1200
+#   COPY_AUX=W: the copy task as an auxiliary loss (weight W) of the perception and SFT stages (copy_aux.weight; 0: off)
 #   TINY_ARGS: extra flags of python -m paravt.models.tiny, e.g. the wide base of the #25 experiments:
 #     TINY_ARGS="--hidden-size 256 --heads 8 --kv-heads 4 --intermediate-size 768"
 #   WORLD_FLAGS: extra flags of python -m paravt.data.synthetic, e.g. the #25 wording / reading-row runs:
@@ -25,9 +26,9 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 SEED="${SEED:-0}"
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
-  WORLD_ARGS=(--n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
+  WORLD_ARGS=(--n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
 else
-  WORLD_ARGS=(); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
+  WORLD_ARGS=(); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-0}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
 fi
 read -ra TINY_EXTRA <<< "${TINY_ARGS:-}"
 read -ra WORLD_EXTRA <<< "${WORLD_FLAGS:-}"
@@ -61,7 +62,7 @@ step perception "4/8 perception pretraining of the tiny base ($PERC_STEPS steps)
 if [[ -e "$OUT/perception/final/config.json" ]]; then reuse; else
   python -m paravt.sft.train configs/sft/tiny_perception.yaml model_path="$OUT/tiny_model" output_dir="$OUT/perception" \
     data.0.path="$OUT/world/local/paravt_perception_synth.parquet" max_steps="$PERC_STEPS" \
-    save_every="$PERC_STEPS" seed="$SEED"; fi
+    save_every="$PERC_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX"; fi
 
 # SFT_READING=1: the tiny model's reading lessons (text-only reports -> answer, paravt_reading_synth.parquet) are
 # mixed into the SFT batches; with the copy warm-up they teach the main agent to look the right report up.
@@ -71,7 +72,7 @@ step sft "5/8 cold-start SFT ($SFT_STEPS steps) -> $OUT/sft"
 if [[ -e "$OUT/sft/final/config.json" ]]; then reuse; else
   python -m paravt.sft.train configs/sft/tiny.yaml model_path="$OUT/perception/final" output_dir="$OUT/sft" \
     "data=[$SFT_DATA]" max_steps="$SFT_STEPS" \
-    save_every="$SFT_STEPS" seed="$SEED"; fi
+    save_every="$SFT_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX"; fi
 step probe "5b/8 what the sub-agents see (python -m paravt.eval.probe)"
 for M in perception sft; do
   if [[ -f "$OUT/probe_$M.json" ]]; then reuse; else

@@ -27,6 +27,8 @@ def test_short_quickstart(tmp_path):
     assert json.loads((out / "tiny_model/paravt_tiny.json").read_text())["copy_warmup"]["steps"] == 100
     assert pq.read_metadata(out / "world/local/paravt_reading_synth.parquet").num_rows == 300
     assert json.loads((out / "probe_sft.json").read_text())["reading"]["n"] == 8
+    for stage in ("perception", "sft"):  # COPY_AUX=1: both stages trained the copy task beside their rows
+        assert "copy_loss" in json.loads((out / stage / "metrics.jsonl").read_text().splitlines()[-1])
     assert "reading: shape / colour / times" in report
     # rerunning reuses every finished stage
     r2 = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=900,

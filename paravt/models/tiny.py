@@ -238,11 +238,43 @@ class CopyWarmup:
     min_len: int = 8  # length of x (drawn per step)
     max_len: int = 32
     max_prefix: int = 32  # random tokens before the first x (drawn per step, 0..max_prefix)
+    # Fraction of the steps whose sequences draw x from a small random alphabet (``alphabet`` tokens per
+    # sequence) so that a token repeats inside x and copying it needs the tokens before it, not just
+    # the last one (the times "48.0 to 51.5" of a report: one-token induction is ambiguous there).
+    small_alphabet_frac: float = 0.0
+    alphabet: int = 12
 
     def __post_init__(self):
         if self.steps < 0 or self.lr <= 0 or self.batch < 1 or not (1 <= self.min_len <= self.max_len) \
-                or self.max_prefix < 0:
+                or self.max_prefix < 0 or not (0.0 <= self.small_alphabet_frac <= 1.0) or self.alphabet < 2:
             raise ValueError(f"bad CopyWarmup {self}")
+
+
+def copy_vocab(tokenizer) -> torch.Tensor:
+    """The ordinary token ids (no special or tag token) the copy sequences are drawn from."""
+    special = set(tokenizer.all_special_ids) | set(tokenizer.convert_tokens_to_ids(TAG_TOKENS))
+    return torch.tensor([i for i in range(len(tokenizer)) if i not in special])
+
+
+def copy_batch(vocab: torch.Tensor, cfg: CopyWarmup, g: torch.Generator) -> tuple[torch.Tensor, int]:
+    """One batch of ``prefix + x + x`` (every draw from ``g``); returns the ids and the index of the
+    first position whose logits predict the second ``x`` (its loss covers ``ids[:, start + 1:]``)."""
+    n = int(torch.randint(cfg.min_len, cfg.max_len + 1, (1,), generator=g))
+    p = int(torch.randint(0, cfg.max_prefix + 1, (1,), generator=g))
+    small = cfg.small_alphabet_frac > 0 and float(torch.rand((), generator=g)) < cfg.small_alphabet_frac
+    if small:  # each sequence its own alphabet of cfg.alphabet tokens
+        alpha = torch.stack([torch.randperm(len(vocab), generator=g)[:cfg.alphabet] for _ in range(cfg.batch)])
+        x = vocab[torch.gather(alpha, 1, torch.randint(cfg.alphabet, (cfg.batch, n), generator=g))]
+    else:
+        x = vocab[torch.randint(len(vocab), (cfg.batch, n), generator=g)]
+    pre = vocab[torch.randint(len(vocab), (cfg.batch, p), generator=g)]
+    return torch.cat([pre, x, x], 1), p + n - 1
+
+
+def copy_loss(model, ids: torch.Tensor, start: int) -> torch.Tensor:
+    """Mean cross entropy of ``model`` on the second copy of x (:func:`copy_batch`)."""
+    logits = model(input_ids=ids, use_cache=False).logits[:, start:-1].float()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, start + 1:].reshape(-1))
 
 
 def copy_warmup(model, tokenizer, cfg: CopyWarmup, seed: int, progress: bool = True) -> dict:
@@ -250,8 +282,7 @@ def copy_warmup(model, tokenizer, cfg: CopyWarmup, seed: int, progress: bool = T
     generator seeded with ``seed``); returns the loss curve (means over tenths of the steps)."""
     if cfg.steps == 0:
         return {"steps": 0}
-    special = set(tokenizer.all_special_ids) | set(tokenizer.convert_tokens_to_ids(TAG_TOKENS))
-    vocab = torch.tensor([i for i in range(len(tokenizer)) if i not in special])
+    vocab = copy_vocab(tokenizer)
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     model.train()
@@ -264,13 +295,8 @@ def copy_warmup(model, tokenizer, cfg: CopyWarmup, seed: int, progress: bool = T
     except ImportError:  # pragma: no cover
         steps = range(cfg.steps)
     for _ in steps:
-        n = int(torch.randint(cfg.min_len, cfg.max_len + 1, (1,), generator=g))
-        p = int(torch.randint(0, cfg.max_prefix + 1, (1,), generator=g))
-        x = vocab[torch.randint(len(vocab), (cfg.batch, n), generator=g)]
-        pre = vocab[torch.randint(len(vocab), (cfg.batch, p), generator=g)]
-        ids = torch.cat([pre, x, x], 1)
-        logits = model(input_ids=ids, use_cache=False).logits[:, p + n - 1:-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, p + n:].reshape(-1))
+        ids, start = copy_batch(vocab, cfg, g)
+        loss = copy_loss(model, ids, start)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -325,11 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--copy-warmup-steps", type=int, default=CopyWarmup.steps,
                    help="text-only copy warm-up steps that grow an induction circuit (0: random init; "
                         "the quickstart uses 3000, ~3 min on 2 cores)")
+    p.add_argument("--copy-small-alphabet", type=float, default=CopyWarmup.small_alphabet_frac,
+                   help="fraction of the copy warm-up steps drawn from a small alphabet per sequence (copying "
+                        "then needs more than the last token: the times of a report)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     shape = TinyShape(hidden_size=a.hidden_size, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                       num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate_size)
-    stats = build_tiny(a.out, a.seed, shape, CopyWarmup(steps=a.copy_warmup_steps), progress=not a.no_progress)
+    stats = build_tiny(a.out, a.seed, shape, CopyWarmup(steps=a.copy_warmup_steps, small_alphabet_frac=a.copy_small_alphabet), progress=not a.no_progress)
     print(json.dumps({k: v for k, v in stats.items() if k != "shape"}, indent=2))
     return 0
 

@@ -54,6 +54,33 @@ class LogConfig:
 
 
 @dataclass
+class CopyAuxConfig:
+    """The tiny model's copy lessons kept alive during SFT (the embedded default only; 0 = off).
+
+    Each optimizer step adds ``weight`` x the mean cross entropy of one batch of the copy task of
+    ``python -m paravt.models.tiny --copy-warmup-steps`` (``prefix + x + x`` over random ordinary
+    tokens, loss on the second ``x``; :func:`paravt.models.tiny.copy_batch`) to the SFT loss. Drawn
+    from a generator seeded by (seed, rank, step): a resumed run draws the same batches. Text
+    only: the vision tower gets no gradient from it. Qwen3-VL-8B has its induction heads from
+    pretraining and needs none of this (``weight: 0`` in every 8B recipe)."""
+
+    weight: float = 0.0  # 0: off
+    batch: int = 16  # copy sequences per step
+    min_len: int = 8
+    max_len: int = 32
+    max_prefix: int = 32
+    small_alphabet_frac: float = 0.5  # steps whose x comes from a 12-token alphabet (copy needs context)
+
+    def __post_init__(self):
+        if self.weight < 0:
+            raise ValueError(f"copy_aux.weight must be >= 0, got {self.weight}")
+        if self.batch < 1 or not (1 <= self.min_len <= self.max_len) or self.max_prefix < 0 \
+                or not (0.0 <= self.small_alphabet_frac <= 1.0):
+            raise ValueError(f"copy_aux: batch >= 1, 1 <= min_len <= max_len, max_prefix >= 0, "
+                             f"small_alphabet_frac in [0, 1]; got {self}")
+
+
+@dataclass
 class SFTConfig:
     model_path: str = "???"  # base model: a save_pretrained dir or hub id (required)
     output_dir: str = "runs/sft"  # checkpoints/, final/, metrics.jsonl, loss_curve.png
@@ -75,6 +102,7 @@ class SFTConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     logging: LogConfig = field(default_factory=LogConfig)
+    copy_aux: CopyAuxConfig = field(default_factory=CopyAuxConfig)  # tiny model only: keep/grow copying
 
     def __post_init__(self):
         require(self, model_path="model_path is required (a save_pretrained directory or hub id)",
@@ -88,3 +116,5 @@ class SFTConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         resolve_dtype(self.dtype)
+        if self.copy_aux.weight and self.dist.strategy == "deepspeed":
+            raise ValueError("copy_aux (the tiny model's copy lessons) runs under fsdp2, ddp or none, not deepspeed")

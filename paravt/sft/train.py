@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from paravt.core.seeding import seed_everything
+from paravt.core.seeding import seed_everything, stable_hash
 from paravt.models import parallel
 from paravt.models.loading import default_attn_implementation, load_model, load_processor, resolve_dtype
 from paravt.models.trainloop import TrainLoop
@@ -116,6 +116,7 @@ class SFTTrainer:
         if s == "deepspeed":
             self._init_deepspeed(compute)
         self.global_step = 0
+        self._copy_vocab = None
 
         rows, report, missing = load_manifest(cfg.data)
         self.data_report = {"rows": report.to_dict(), "missing_shards": missing}
@@ -200,6 +201,7 @@ class SFTTrainer:
         micro = [self.stream.next_batch() for _ in range(cfg.grad_accum)]
         batches = [self._collate(m) for m in micro]
         n_local = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
+        copy_ce = self._copy_aux_step()
         n_global = parallel.all_reduce_sum(n_local)
         scale = self.d.world_size / max(n_global, 1.0)  # FSDP/DDP average grads over ranks
         self.model.train()
@@ -229,7 +231,28 @@ class SFTTrainer:
         return {"loss": parallel.all_reduce_sum(ce_total) / max(n_global, 1.0),
                 "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
                 "tokens_per_s": real / dt, "supervised_tokens": n_global, "real_tokens": real,
-                "padding_fraction": pad["padding_fraction"], "step_seconds": dt, "epoch": self.stream.state.epoch}
+                "padding_fraction": pad["padding_fraction"], "step_seconds": dt, "epoch": self.stream.state.epoch,
+                **({"copy_loss": parallel.all_reduce_sum(copy_ce) / self.d.world_size} if copy_ce is not None else {})}
+
+    def _copy_aux_step(self) -> float | None:
+        """Forward + backward of this step's copy batch (``copy_aux``), before the SFT micro-batches;
+        returns its mean cross entropy, or None when off."""
+        aux = self.cfg.copy_aux
+        if aux.weight == 0:
+            return None
+        from paravt.models.tiny import CopyWarmup, copy_batch, copy_loss  # noqa: PLC0415
+
+        if self._copy_vocab is None:
+            from paravt.models.tiny import copy_vocab  # noqa: PLC0415
+            self._copy_vocab = copy_vocab(self.tokenizer)
+        g = torch.Generator().manual_seed(stable_hash(self.cfg.seed, "sft-copy-aux", self.d.rank, self.global_step))
+        spec = CopyWarmup(batch=aux.batch, min_len=aux.min_len, max_len=aux.max_len, max_prefix=aux.max_prefix,
+                          small_alphabet_frac=aux.small_alphabet_frac)
+        ids, start = copy_batch(self._copy_vocab, spec, g)
+        self.model.train()
+        loss = copy_loss(self.model, ids.to(self.d.device), start)
+        (loss * aux.weight).backward()
+        return float(loss.detach())
 
     def train(self, until: int | None = None) -> Path:
         """Train to ``max_steps`` (or stop early after step ``until``, as a crash would)."""

@@ -280,6 +280,8 @@ def test_shape_first_wording_puts_the_key_before_the_values():
         thoughts = [t for t in traj["turns"] if isinstance(t, str)]
         for t in thoughts[:-1]:
             assert f"The {ev.shape} is" not in t.split("</think>")[0].split("The question asks")[0] or "visible near" in t, t
+            # "<shape> is" outside a sighting would give "The circle is" a second continuation to copy
+            assert f"{ev.shape} is visible" not in t and f"{ev.shape} is not" not in t, t
         last = thoughts[-1].split("</think>")[0]
         m = sight.search(last)
         if len(thoughts) > 1 and q["question_type"] != "tvg":

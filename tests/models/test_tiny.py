@@ -111,3 +111,20 @@ def test_cli_shape_flags(tmp_path):
     assert json.loads((tmp_path / "w" / "paravt_tiny.json").read_text())["shape"]["num_attention_heads"] == 8
     with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
         main(["--out", str(tmp_path / "bad"), "--heads", "6", "--kv-heads", "4", "--no-progress"])
+
+
+def test_copy_batch_small_alphabet_repeats_tokens(tiny_dir):
+    """small_alphabet_frac=1: every sequence's x comes from 12 tokens of its own, so tokens repeat
+    inside x (copying needs more than the last token); the second half is the first; seeded."""
+    from paravt.models.loading import load_processor
+    from paravt.models.tiny import CopyWarmup, copy_batch, copy_vocab
+    vocab = copy_vocab(load_processor(tiny_dir).tokenizer)
+    cfg = CopyWarmup(batch=8, min_len=30, max_len=30, max_prefix=0, small_alphabet_frac=1.0)
+    ids, start = copy_batch(vocab, cfg, torch.Generator().manual_seed(3))
+    again, _ = copy_batch(vocab, cfg, torch.Generator().manual_seed(3))
+    assert torch.equal(ids, again) and start == 29
+    x, y = ids[:, :30], ids[:, 30:]
+    assert torch.equal(x, y)
+    assert all(len(set(row.tolist())) <= 12 for row in x)
+    wide, _ = copy_batch(vocab, CopyWarmup(batch=8, min_len=30, max_len=30, max_prefix=0), torch.Generator().manual_seed(3))
+    assert sum(len(set(row.tolist())) for row in wide[:, :30]) > 8 * 25  # the full vocabulary rarely repeats

@@ -126,3 +126,31 @@ def test_vision_lr_scale_and_freeze(tiny_dir):
     frozen = param_groups(m, 0.01, vision_lr_scale=0.0, lr=1e-3)
     assert all(id(p) not in vis for g in frozen for p in g["params"])
     assert not any(p.requires_grad for n, p in m.named_parameters() if ".visual." in f".{n}")
+
+
+def test_copy_aux_is_logged_resumable_and_trains_the_text_stack(world, tiny_dir, tmp_path):
+    """copy_aux.weight > 0: each step adds one seeded copy batch; its loss is logged as copy_loss, a
+    resumed run draws the same batches (same weights as a straight run), and the vision tower gets no
+    gradient from it (text only)."""
+    import json
+    aux = {"copy_aux.weight": 1.0, "copy_aux.batch": 4}
+    straight = SFTTrainer(_cfg(world, tiny_dir, tmp_path / "a", max_steps=4, **aux))
+    straight.train()
+    half = SFTTrainer(_cfg(world, tiny_dir, tmp_path / "b", max_steps=4, **aux))
+    half.train(until=3)
+    resumed = SFTTrainer(_cfg(world, tiny_dir, tmp_path / "b", max_steps=4, **aux))
+    resumed.train()
+    wa, wb = _weights(tmp_path / "a/final"), _weights(tmp_path / "b/final")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    rec = [json.loads(ln) for ln in (tmp_path / "a/metrics.jsonl").read_text().splitlines()]
+    assert all(5.0 < r["copy_loss"] < 9.0 for r in rec)  # ~ln(vocab) at random init: a real loss was computed
+    plain = SFTTrainer(_cfg(world, tiny_dir, tmp_path / "c", max_steps=4))
+    plain.train()
+    assert "copy_loss" not in json.loads((tmp_path / "c/metrics.jsonl").read_text().splitlines()[0])
+    wc = _weights(tmp_path / "c/final")
+    text = [k for k in wa if "language_model" in k and "layers.0.self_attn.q_proj" in k]
+    assert text and not torch.allclose(wa[text[0]], wc[text[0]])  # the copy loss moved the text stack
+    with pytest.raises(ValueError, match="copy_aux"):
+        _cfg(world, tiny_dir, tmp_path / "d", **{"copy_aux.weight": -1})
+    with pytest.raises(ValueError, match="deepspeed"):
+        _cfg(world, tiny_dir, tmp_path / "d", **{"copy_aux.weight": 1, "dist.strategy": "deepspeed"})

@@ -130,8 +130,10 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
 
     windows = _windows(spec.duration, cfg.coarse_window_s)
     calls = "\n".join(crop_call(s, e) for s, e in windows)
-    missing = f"No {desc[4:]} is visible" if shape_first else f"{desc.capitalize()} is not visible"
-    turns.append(f"{THINK_PREFIX}{lead(missing + ' in the overview frames.')} "
+    # shape_first: no "<shape> is" outside the sightings, so "The circle is" has one continuation to copy
+    missing = (f"The overview frames show no {desc[4:]}." if shape_first
+               else f"{desc.capitalize()} is not visible in the overview frames.")
+    turns.append(f"{THINK_PREFIX}{lead(missing)} "
                  f"I will check {len(windows)} windows of the video in parallel.\n</think>\n{calls}")
     responses, hits = [], []
     for s, e in windows:
