@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intermediate-size", type=int, default=TinyShape.intermediate_size)
     p.add_argument("--copy-warmup-steps", type=int, default=CopyWarmup.steps,
                    help="text-only copy warm-up steps that grow an induction circuit (0: random init; "
-                        "the quickstart uses 3000, ~3 min on 2 cores)")
+                        "3000: ~3 min on 2 cores; the quickstart's WARMUP_STEPS, default 0)")
     p.add_argument("--copy-small-alphabet", type=float, default=CopyWarmup.small_alphabet_frac,
                    help="fraction of the copy warm-up steps drawn from a small alphabet per sequence (copying "
                         "then needs more than the last token: the times of a report)")
@@ -358,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     shape = TinyShape(hidden_size=a.hidden_size, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                       num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate_size)
-    stats = build_tiny(a.out, a.seed, shape, CopyWarmup(steps=a.copy_warmup_steps, small_alphabet_frac=a.copy_small_alphabet), progress=not a.no_progress)
+    warmup = CopyWarmup(steps=a.copy_warmup_steps, small_alphabet_frac=a.copy_small_alphabet)
+    stats = build_tiny(a.out, a.seed, shape, warmup, progress=not a.no_progress)
     print(json.dumps({k: v for k, v in stats.items() if k != "shape"}, indent=2))
     return 0
 

@@ -116,7 +116,13 @@ class SFTTrainer:
         if s == "deepspeed":
             self._init_deepspeed(compute)
         self.global_step = 0
-        self._copy_vocab = None
+        self._copy = None  # (vocabulary, batch spec) of copy_aux, when on
+        if cfg.copy_aux.weight:
+            from paravt.models.tiny import CopyWarmup, copy_vocab  # noqa: PLC0415
+            a = cfg.copy_aux
+            self._copy = (copy_vocab(self.tokenizer), CopyWarmup(batch=a.batch, min_len=a.min_len, max_len=a.max_len,
+                                                                 max_prefix=a.max_prefix,
+                                                                 small_alphabet_frac=a.small_alphabet_frac))
 
         rows, report, missing = load_manifest(cfg.data)
         self.data_report = {"rows": report.to_dict(), "missing_shards": missing}
@@ -235,23 +241,17 @@ class SFTTrainer:
                 **({"copy_loss": parallel.all_reduce_sum(copy_ce) / self.d.world_size} if copy_ce is not None else {})}
 
     def _copy_aux_step(self) -> float | None:
-        """Forward + backward of this step's copy batch (``copy_aux``), before the SFT micro-batches;
+        """Forward + backward of this step's copy batch (``copy_aux``), before the SFT micro-batches' own;
         returns its mean cross entropy, or None when off."""
-        aux = self.cfg.copy_aux
-        if aux.weight == 0:
+        if self._copy is None:
             return None
-        from paravt.models.tiny import CopyWarmup, copy_batch, copy_loss  # noqa: PLC0415
+        from paravt.models.tiny import copy_batch, copy_loss  # noqa: PLC0415
 
-        if self._copy_vocab is None:
-            from paravt.models.tiny import copy_vocab  # noqa: PLC0415
-            self._copy_vocab = copy_vocab(self.tokenizer)
         g = torch.Generator().manual_seed(stable_hash(self.cfg.seed, "sft-copy-aux", self.d.rank, self.global_step))
-        spec = CopyWarmup(batch=aux.batch, min_len=aux.min_len, max_len=aux.max_len, max_prefix=aux.max_prefix,
-                          small_alphabet_frac=aux.small_alphabet_frac)
-        ids, start = copy_batch(self._copy_vocab, spec, g)
+        ids, start = copy_batch(*self._copy, g)
         self.model.train()
         loss = copy_loss(self.model, ids.to(self.d.device), start)
-        (loss * aux.weight).backward()
+        (loss * self.cfg.copy_aux.weight).backward()
         return float(loss.detach())
 
     def train(self, until: int | None = None) -> Path:
