@@ -28,9 +28,37 @@ from paravt.data.synthetic.world import COLOURS, SHAPES  # noqa: E402
 from paravt.models.tiny import TinyShape, build_config, build_tokenizer  # noqa: E402
 
 
+def make_needle(rng: random.Random, n_reports: int, times: bool = False) -> tuple[list[str], list[str]]:
+    """One sighting among ``n_reports`` window reports (the others empty), the world's
+    colour_first wording; the question names the shape, the answer copies colour (no key to match)."""
+    shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
+    hit = rng.randrange(n_reports)
+    lines = []
+    for i in range(n_reports):
+        lo, hi = i * 30, i * 30 + 28
+        if i == hit:
+            a = rng.randrange(lo, hi - 5)
+            b = f"{a + rng.randrange(1, 4)}.{rng.choice('05')}"
+            a = f"{a}.{rng.choice('05')}"
+            lines.append(f"A {colour} {shape} is visible from {a} to {b} seconds.")
+        else:
+            lines.append(f"From {lo}.0 to {hi}.5 seconds no coloured shape is visible.")
+    if times:
+        return [" ".join(lines) + f" When does the {colour} {shape} appear? It is visible from"], [f" {a} to {b} seconds."]
+    return [" ".join(lines) + f" What colour is the {shape}? It is"], [" " + colour]
+
+
 def make_multi(rng: random.Random, n_reports: int, wording: str, queries: int) -> tuple[list[str], list[str]]:
     """Reports, then ``queries`` questions each followed by its answer (multi-query recall): the
     pieces alternate prompt / answer so every answer word can carry the loss."""
+    if wording in ("needle", "needle_t"):
+        return make_needle(rng, n_reports, wording == "needle_t")
+    if wording == "mcq":  # the option letter of a colour already named: match it among the options
+        opts = rng.sample(list(COLOURS), 4)
+        k = rng.randrange(4)
+        shape = rng.choice(SHAPES)
+        head = f"What colour is the {shape}?\n" + "\n".join(f"{l}. {o}" for l, o in zip("ABCD", opts))
+        return [head + f"\nAnswer with the option letter. It is {opts[k]}, option"], [" " + "ABCD"[k]]
     shapes = rng.sample(SHAPES, n_reports)
     colours = rng.sample(list(COLOURS), n_reports)
     lines = []
@@ -68,7 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reports", type=int, default=3)
     ap.add_argument("--curriculum", type=int, default=0, help="steps over which the report count grows 1 -> N")
     ap.add_argument("--loss", choices=["answer", "all"], default="answer")
-    ap.add_argument("--wording", choices=["forward", "reverse"], default="forward")
+    ap.add_argument("--wording", choices=["forward", "reverse", "needle", "needle_t", "mcq"], default="forward")
     ap.add_argument("--queries", type=int, default=1, help="questions per training sequence (each answered)")
     ap.add_argument("--copy-steps", type=int, default=0, help="first grow an induction circuit: random x, then x again")
     ap.add_argument("--copy-lr", type=float, default=2e-3)
@@ -123,9 +151,9 @@ def main(argv=None) -> int:
             items = [make(erng, a.reports, a.wording) for _ in range(64)]
             for p, ans in items:  # one at a time: no padding questions
                 pi = tok.encode(p, add_special_tokens=False)
-                first = tok.encode(ans, add_special_tokens=False)[0]
-                logits = model(input_ids=torch.tensor([pi])).logits[0, -1]
-                ok += int(logits.argmax().item() == first)
+                ai = tok.encode(ans, add_special_tokens=False)
+                logits = model(input_ids=torch.tensor([pi + ai])).logits[0, len(pi) - 1:-1]
+                ok += int(logits.argmax(-1).tolist() == ai)  # every answer token (= greedy exact match)
         model.train()
         return ok / n
 

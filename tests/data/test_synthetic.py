@@ -295,3 +295,56 @@ def test_shape_first_wording_puts_the_key_before_the_values():
     assert sight.search(ex["answer"]) and "A " not in ex["user"].split("Reports:")[1].split("\n")[1][:2]
     rows = reading_rows(WorldConfig(report_wording="shape_first", reading_format="episode"), 5)
     assert all(sight.search(json.loads(x["messages"])[-1]["content"][0]["text"]) for x in rows)
+
+
+def test_needle_world_knobs(tmp_path):
+    """One event per video, fixed duration, 15 s coarse windows at 1 fps, no fine round, unpadded
+    tvg spans, fixed MCQ letters: every answer is a copy of what the world shows (no arithmetic on
+    times, no lookup among options), and the expert's answers still score."""
+    import re
+
+    from paravt.data.synthetic.world import COLOURS, mcq_slot
+
+    with pytest.raises(ValueError, match="mcq_options"):
+        WorldConfig(mcq_options="sorted")
+    with pytest.raises(ValueError, match="tvg_pad_s"):
+        WorldConfig(tvg_pad_s=-1)
+    cfg = WorldConfig(seed=3, n_train_videos=8, n_eval_videos=4, min_events=1, max_events=1, min_duration=120,
+                      max_duration=120, coarse_window_s=15, fine_round=False, tvg_pad_s=0, mcq_options="fixed",
+                      reading_rows=20)
+    build_world(tmp_path / "w", cfg)
+    from paravt.data.materialize import main as materialize
+    materialize(["--root", str(tmp_path / "w" / "media"), "--parquet-dir", str(tmp_path / "w" / "parquet"),
+                 "--output-dir", str(tmp_path / "w" / "local")])
+    rl = {json.loads(r["extra_info"])["id"]: json.loads(r["extra_info"]) for r in
+          pq.read_table(tmp_path / "w" / "local" / "paravt_rl_synth.parquet").to_pylist()}
+    assert {x["duration"] for x in rl.values()} == {120.0}
+    assert len({x["video_id"] for x in rl.values()}) * 3 == len(rl)  # one event: three questions per video
+    sft = pq.read_table(tmp_path / "w" / "local" / "paravt_sft_synth.parquet").to_pylist()
+    accs, n_parallel = {"mcq": [], "oe": [], "tvg": []}, 0
+    names = sorted(COLOURS)
+    for r in sft:
+        if r["kind"] != "main":
+            continue
+        msgs = json.loads(r["messages"])
+        ex = rl[r["id"]]
+        texts = [m["content"][0]["text"] for m in msgs if m["role"] == "assistant"]
+        tools = [m["content"][0]["text"] for m in msgs if m["role"] == "tool"]
+        assert len(texts) <= 2  # no second, finer round
+        if tools:
+            calls = parse_tool_calls(texts[0]).calls
+            assert [(c.arguments["start_time"], c.arguments["end_time"]) for c in calls] == \
+                   [(15.0 * i, 15.0 * (i + 1)) for i in range(8)]
+            n_parallel += 1
+        question = msgs[1]["content"][-1]["text"]
+        if ex["question_type"] == "mcq":
+            opts = re.findall(r"^([ABCD])\. (\w+)$", question, re.M)
+            assert [names.index(o) // 2 for _, o in opts] == [0, 1, 2, 3]  # each colour under its own letter
+            assert ex["answer"] == "ABCD"[mcq_slot(ex["colour"])]
+        if ex["question_type"] == "tvg" and tools:
+            span = re.search(r"<answer>\[([\d.]+), ([\d.]+)\]</answer>", texts[-1]).groups()
+            sighting = next(t for t in tools if "visible" in t and "no coloured" not in t)
+            assert all(x in sighting for x in span), (span, sighting)  # the answer copies the report's times
+        accs[ex["question_type"]].append(score(texts[-1], ex["answer"], ex["question_type"]).value)
+    assert n_parallel > 0 and all(accs.values())
+    assert min(accs["mcq"] + accs["oe"]) == 1.0 and sum(accs["tvg"]) / len(accs["tvg"]) > 0.5

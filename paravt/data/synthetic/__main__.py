@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from paravt.data.synthetic import __doc__ as DOC
-from paravt.data.synthetic.world import REPORT_WORDINGS, WorldConfig
+from paravt.data.synthetic.world import MCQ_OPTIONS, REPORT_WORDINGS, WorldConfig
 from paravt.data.synthetic.writer import build_world
 
 
@@ -21,6 +21,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-eval-videos", type=int, default=WorldConfig.n_eval_videos)
     p.add_argument("--min-duration", type=int, default=WorldConfig.min_duration)
     p.add_argument("--max-duration", type=int, default=WorldConfig.max_duration)
+    p.add_argument("--min-events", type=int, default=WorldConfig.min_events, help="events (shapes) per video, at least")
+    p.add_argument("--max-events", type=int, default=WorldConfig.max_events,
+                   help="events per video, at most (1: every report names the only shape; no lookup by shape)")
+    p.add_argument("--coarse-window-s", type=float, default=WorldConfig.coarse_window_s,
+                   help="the expert's first-round crop length (the video is split into ceil(duration / this) equal windows)")
+    p.add_argument("--no-fine-round", dest="fine_round", action="store_false",
+                   help="tvg: answer from the first round's sightings (no second, finer crop whose window is arithmetic)")
+    p.add_argument("--tvg-pad-s", type=float, default=WorldConfig.tvg_pad_s,
+                   help="tvg answers pad the sighted times by this (0: the answer copies them)")
+    p.add_argument("--mcq-options", default=WorldConfig.mcq_options, choices=MCQ_OPTIONS,
+                   help="random: four colours in random order; fixed: each colour always under one letter")
     p.add_argument("--perception-windows", type=int, default=WorldConfig.perception_windows,
                    help="1-4 s sub-agent windows per train video in paravt_perception_synth.parquet")
     p.add_argument("--reading-rows", type=int, default=WorldConfig.reading_rows,
@@ -39,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(a.out)
     cfg = WorldConfig(seed=a.seed, n_train_videos=a.n_train_videos, n_eval_videos=a.n_eval_videos,
                       min_duration=a.min_duration, max_duration=a.max_duration,
+                      min_events=a.min_events, max_events=a.max_events, coarse_window_s=a.coarse_window_s,
+                      fine_round=a.fine_round, tvg_pad_s=a.tvg_pad_s, mcq_options=a.mcq_options,
                       perception_windows=a.perception_windows,
                       reading_rows=a.reading_rows, reading_format=a.reading_format, system_mode=a.system_mode,
                       report_wording=a.report_wording)

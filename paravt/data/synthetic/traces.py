@@ -92,6 +92,9 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     def in_overview(at: str) -> str:
         return f"In the overview the {ev.shape} is {ev.colour}, visible {at}." if shape_first else f"In the overview {desc} is visible {at}."
 
+    def padded(a: float, b: float, pad: float) -> tuple[float, float]:
+        return (max(0.0, a - pad), min(float(spec.duration), b + pad)) if cfg.tvg_pad_s else (a, b)
+
     def lead(text: str) -> str:  # the first turn opens with the restated task
         return f"{restate(q)} {text}" if not turns else text
 
@@ -112,7 +115,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         text, hits = crop_response(s, e)
         turns.append([text])
         a, b = (hits[0], hits[-1]) if hits else (s, e)
-        span = (max(0.0, a - 0.5), min(float(spec.duration), b + 0.5))
+        span = padded(a, b, cfg.tvg_pad_s)
         turns.append(f"{THINK_PREFIX}{found(hits or [a, b])}\n</think>\n<answer>{_answer_text(q, span)}</answer>")
 
     if seen:
@@ -121,18 +124,21 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
             turns.append(f"{THINK_PREFIX}{lead(in_overview(at))} {_answer_sentence(q)}\n</think>\n"
                          f"<answer>{_answer_text(q)}</answer>")
         elif spacing <= 2.0:
-            span = (max(0.0, seen[0] - spacing / 2), min(float(spec.duration), seen[-1] + spacing / 2))
+            span = padded(seen[0], seen[-1], spacing / 2)
             turns.append(f"{THINK_PREFIX}{lead(in_overview(at))}\n</think>\n"
                          f"<answer>{_answer_text(q, span)}</answer>")
-        else:
+        elif cfg.fine_round:
             fine_round(seen[0], seen[-1], f"{in_overview(at)[:-1]}, but the frames are sparse.")
-        return {"turns": turns, "crops": crops}
+        if turns:
+            return {"turns": turns, "crops": crops}
 
     windows = _windows(spec.duration, cfg.coarse_window_s)
     calls = "\n".join(crop_call(s, e) for s, e in windows)
     # shape_first: no "<shape> is" outside the sightings, so "The circle is" has one continuation to copy
     missing = (f"The overview frames show no {desc[4:]}." if shape_first
                else f"{desc.capitalize()} is not visible in the overview frames.")
+    if seen:  # tvg, sparse overview, no fine round: the coarse round looks again at 1 fps
+        missing = f"{in_overview(where(seen))[:-1]}, but the frames are sparse."
     turns.append(f"{THINK_PREFIX}{lead(missing)} "
                  f"I will check {len(windows)} windows of the video in parallel.\n</think>\n{calls}")
     responses, hits = [], []
@@ -146,6 +152,8 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         turns.append(f"{THINK_PREFIX}{nothing}\n</think>\n<answer>unknown</answer>")
     elif q["question_type"] != "tvg":
         turns.append(f"{THINK_PREFIX}{found(hits)} {_answer_sentence(q)}\n</think>\n<answer>{_answer_text(q)}</answer>")
+    elif not cfg.fine_round:  # the coarse sightings are the answer
+        turns.append(f"{THINK_PREFIX}{found(hits)}\n</think>\n<answer>{_answer_text(q, padded(hits[0], hits[-1], cfg.tvg_pad_s))}</answer>")
     else:
         near = (f"The {ev.shape} is {ev.colour}, visible near {hits[0]:.1f} seconds." if shape_first
                 else f"{desc.capitalize()} is visible near {hits[0]:.1f} seconds.")
@@ -225,7 +233,7 @@ def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | 
     the expert traces. None when the coarse frames miss the event."""
     spec = make_spec(cfg, split, j)
     ev = r.choice(spec.events)
-    q = make_question(spec, ev, r.choice(QUESTION_TYPES), r)
+    q = make_question(spec, ev, r.choice(QUESTION_TYPES), r, cfg.mcq_options)
     reports, hits = [], []
     for s, e in _windows(spec.duration, cfg.coarse_window_s):
         ts = crop_times(spec, s, e, cfg)

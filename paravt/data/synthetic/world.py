@@ -27,6 +27,7 @@ BACKGROUNDS = [(12, 12, 12), (14, 14, 60), (60, 14, 14), (14, 50, 14), (45, 30, 
 OVERVIEW_KS = (4, 8, 16, 32, 64)
 QUESTION_TYPES = ("mcq", "oe", "tvg")
 REPORT_WORDINGS = ("colour_first", "shape_first")
+MCQ_OPTIONS = ("random", "fixed")
 
 
 @dataclass
@@ -44,6 +45,17 @@ class WorldConfig:
     max_event_s: float = 4.0
     coarse_window_s: float = 30.0  # expert's first-round crop length (16 frames → ≤1.9 s apart)
     fine_window_s: float = 12.0  # expert's temporal-refinement crop length (1 fps)
+    # tvg: after the coarse round the expert looks again at fine_window_s around the sightings (the
+    # paper's second, finer round; its window is arithmetic on the reported times). False: it answers
+    # from the coarse sightings (dense enough when coarse_window_s <= crop_max_frames seconds: 1 fps).
+    fine_round: bool = True
+    # tvg answers pad the sighted frame times by this many seconds ([first - pad, last + pad]; with
+    # the overview's spacing the pad is half of it). 0: the answer copies the sighted times.
+    tvg_pad_s: float = 0.5
+    # random: four colours in random order (the answer's letter is a lookup in the question's options);
+    # fixed: each colour always under the same letter (A blue/cyan, B green/magenta, C orange/red,
+    # D white/yellow), the other letters one of their two colours, so the letter follows the colour.
+    mcq_options: str = "random"
     crop_max_frames: int = 16
     perception_windows: int = 24  # 1-4 s sub-agent windows per train video in paravt_perception_synth.parquet
     reading_rows: int = 3000  # text-only reading rows (reports -> answer) in paravt_reading_synth.parquet
@@ -71,6 +83,10 @@ class WorldConfig:
             raise ValueError(f"perception_windows/reading_rows must be >= 0, got {self.perception_windows}/{self.reading_rows}")
         if self.reading_format not in ("user", "episode", "episode_answer"):
             raise ValueError(f"reading_format must be user, episode or episode_answer, got {self.reading_format!r}")
+        if self.mcq_options not in MCQ_OPTIONS:
+            raise ValueError(f"mcq_options must be one of {', '.join(MCQ_OPTIONS)}, got {self.mcq_options!r}")
+        if self.tvg_pad_s < 0 or self.coarse_window_s <= 0 or self.fine_window_s <= 0:
+            raise ValueError(f"tvg_pad_s must be >= 0 and window lengths > 0, got {self.tvg_pad_s}/{self.coarse_window_s}/{self.fine_window_s}")
         if self.report_wording not in REPORT_WORDINGS:
             raise ValueError(f"report_wording must be one of {', '.join(REPORT_WORDINGS)}, got {self.report_wording!r}")
 
@@ -142,15 +158,24 @@ def make_spec(cfg: WorldConfig, split: str, i: int) -> VideoSpec:
     return VideoSpec(vid, rel, duration, cfg.fps, cfg.size, scenes, events)
 
 
-def make_question(spec: VideoSpec, ev: Event, qtype: str, r) -> dict[str, Any]:
+def mcq_slot(colour: str) -> int:
+    """``mcq_options="fixed"``: the option index of a colour (two colours per letter, sorted names)."""
+    return sorted(COLOURS).index(colour) // 2
+
+
+def make_question(spec: VideoSpec, ev: Event, qtype: str, r, mcq_options: str = "random") -> dict[str, Any]:
     if qtype == "tvg":
         text = f"When does the {ev.colour} {ev.shape} appear? Answer with [start, end] in seconds."
         answer: Any = f"[{ev.start:.1f}, {ev.end:.1f}]"
     elif qtype == "mcq":
-        others = r.sample([c for c in sorted(COLOURS) if c != ev.colour], 3)
-        options = others + [ev.colour]
-        r.shuffle(options)
         letters = "ABCD"
+        if mcq_options == "fixed":
+            names = sorted(COLOURS)
+            options = [ev.colour if k == mcq_slot(ev.colour) else r.choice(names[2 * k:2 * k + 2]) for k in range(4)]
+        else:
+            others = r.sample([c for c in sorted(COLOURS) if c != ev.colour], 3)
+            options = others + [ev.colour]
+            r.shuffle(options)
         text = f"What colour is the {ev.shape}?\n" + "\n".join(f"{l}. {o}" for l, o in zip(letters, options))
         text += "\nAnswer with the option letter."
         answer = letters[options.index(ev.colour)]

@@ -62,7 +62,7 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
             r = py_rng(cfg.seed, "questions", spec.id)
             for ei, ev in enumerate(spec.events):
                 for qtype in QUESTION_TYPES:
-                    q = make_question(spec, ev, qtype, r)
+                    q = make_question(spec, ev, qtype, r, cfg.mcq_options)
                     qid = f"{spec.id}_e{ei}_{qtype}"
                     rows.append(rl_record(spec, q, qid))
                     if split != "train":
