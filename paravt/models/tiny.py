@@ -354,10 +354,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--copy-small-alphabet", type=float, default=CopyWarmup.small_alphabet_frac,
                    help="fraction of the copy warm-up steps drawn from a small alphabet per sequence (copying "
                         "then needs more than the last token: the times of a report)")
+    p.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=TinyShape.tie_word_embeddings,
+                   help="share the input embedding and the lm_head (tied, the small Qwen3s' layout); "
+                        "--no-tie-embeddings: separate matrices, as the 8B")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     shape = TinyShape(hidden_size=a.hidden_size, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-                      num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate_size)
+                      num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate_size,
+                      tie_word_embeddings=a.tie_embeddings)
     warmup = CopyWarmup(steps=a.copy_warmup_steps, small_alphabet_frac=a.copy_small_alphabet)
     stats = build_tiny(a.out, a.seed, shape, warmup, progress=not a.no_progress)
     print(json.dumps({k: v for k, v in stats.items() if k != "shape"}, indent=2))

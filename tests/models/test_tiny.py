@@ -113,6 +113,26 @@ def test_cli_shape_flags(tmp_path):
         main(["--out", str(tmp_path / "bad"), "--heads", "6", "--kv-heads", "4", "--no-progress"])
 
 
+def test_untied_embeddings_stay_untied_through_save_and_load(tmp_path):
+    """--no-tie-embeddings: the lm_head is its own matrix (the 8B's layout) after from_pretrained, and a
+    training step moves one without the other."""
+    import torch
+
+    from paravt.models.loading import load_model
+    from paravt.models.tiny import main
+
+    assert main(["--out", str(tmp_path / "u"), "--no-tie-embeddings", "--no-progress"]) == 0
+    m = load_model(tmp_path / "u")
+    emb, head = m.get_input_embeddings().weight, m.get_output_embeddings().weight
+    assert emb.data_ptr() != head.data_ptr() and not torch.equal(emb, head)
+    assert json.loads((tmp_path / "u" / "paravt_tiny.json").read_text())["shape"]["tie_word_embeddings"] is False
+    before = emb.detach().clone()
+    loss = m(input_ids=torch.tensor([[5, 6, 7, 8]]), labels=torch.tensor([[5, 6, 7, 8]])).loss
+    loss.backward()
+    assert emb.grad is not None and head.grad is not None and not torch.equal(emb.grad, head.grad)
+    assert torch.equal(emb.detach(), before)
+
+
 def test_copy_batch_small_alphabet_repeats_tokens(tiny_dir):
     """small_alphabet_frac=1: every sequence's x comes from 12 tokens of its own, so tokens repeat
     inside x (copying needs more than the last token); the second half is the first; seeded."""

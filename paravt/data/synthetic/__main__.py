@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="events per video, at most (1: every report names the only shape; no lookup by shape)")
     p.add_argument("--coarse-window-s", type=float, default=WorldConfig.coarse_window_s,
                    help="the expert's first-round crop length (the video is split into ceil(duration / this) equal windows)")
+    p.add_argument("--crop-max-frames", type=int, default=WorldConfig.crop_max_frames,
+                   help="frames a sub-agent sees per crop (1 fps up to this; eval/RL must pass the same crop.max_frames)")
     p.add_argument("--no-fine-round", dest="fine_round", action="store_false",
                    help="tvg: answer from the first round's sightings (no second, finer crop whose window is arithmetic)")
     p.add_argument("--tvg-pad-s", type=float, default=WorldConfig.tvg_pad_s,
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(a.out)
     cfg = WorldConfig(seed=a.seed, n_train_videos=a.n_train_videos, n_eval_videos=a.n_eval_videos,
                       min_duration=a.min_duration, max_duration=a.max_duration,
-                      min_events=a.min_events, max_events=a.max_events, coarse_window_s=a.coarse_window_s,
+                      min_events=a.min_events, max_events=a.max_events, coarse_window_s=a.coarse_window_s, crop_max_frames=a.crop_max_frames,
                       fine_round=a.fine_round, tvg_pad_s=a.tvg_pad_s, mcq_options=a.mcq_options,
                       perception_windows=a.perception_windows,
                       reading_rows=a.reading_rows, reading_format=a.reading_format, system_mode=a.system_mode,
