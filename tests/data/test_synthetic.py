@@ -348,3 +348,32 @@ def test_needle_world_knobs(tmp_path):
         accs[ex["question_type"]].append(score(texts[-1], ex["answer"], ex["question_type"]).value)
     assert n_parallel > 0 and all(accs.values())
     assert min(accs["mcq"] + accs["oe"]) == 1.0 and sum(accs["tvg"]) / len(accs["tvg"]) > 0.5
+
+
+def test_reports_without_shapes():
+    """report_shapes=False: sub-agent reports (and perception rows) name the colour and "shape", never
+    a shape; the main agent's thoughts still name the question's shape (copied from the question)."""
+    from paravt.core.seeding import py_rng
+    from paravt.data.synthetic import expert_trajectory, short_window_rows
+    from paravt.data.synthetic.world import SHAPES, make_question
+
+    cfg = WorldConfig(max_events=1, report_shapes=False, coarse_window_s=30, crop_max_frames=30, min_duration=120,
+                      max_duration=120)
+    r = py_rng(0, "noshape-test")
+    n_seen = 0
+    for j in range(12):
+        spec = make_spec(cfg, "train", j)
+        ev = spec.events[0]
+        q = make_question(spec, ev, "oe", r)
+        traj = expert_trajectory(spec, q, 4, cfg)
+        reports = [t for turn in traj["turns"] if isinstance(turn, list) for t in turn]
+        thoughts = [t for t in traj["turns"] if isinstance(t, str)]
+        assert not any(s in t for t in reports for s in SHAPES), reports
+        sightings = [t for t in reports if "visible" in t and "no coloured" not in t]
+        n_seen += bool(sightings)
+        assert all(t.startswith(f"A {ev.colour} shape is visible ") for t in sightings), sightings
+        assert ev.shape in thoughts[0] and (len(thoughts) == 1 or ev.shape in thoughts[-1])
+        for row in short_window_rows(spec, cfg, "t", 6):
+            answer = json.loads(row["messages"])[-1]["content"][0]["text"]
+            assert not any(s in answer for s in SHAPES), answer
+    assert n_seen >= 8

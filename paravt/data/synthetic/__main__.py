@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-wording", default=WorldConfig.report_wording, choices=REPORT_WORDINGS,
                    help="sightings in reports and thoughts: colour_first 'A yellow circle is visible from ...' or "
                         "shape_first 'The circle is yellow, visible from ...' (the key before the values)")
+    p.add_argument("--no-report-shapes", dest="report_shapes", action="store_false",
+                   help="sub-agent reports name the colour, not the shape ('A yellow shape is visible ...')")
     p.add_argument("--system-mode", default=WorldConfig.system_mode,
                    help="system prompt of the expert main-agent traces (a mode of paravt.core.prompts)")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                       fine_round=a.fine_round, tvg_pad_s=a.tvg_pad_s, mcq_options=a.mcq_options,
                       perception_windows=a.perception_windows,
                       reading_rows=a.reading_rows, reading_format=a.reading_format, system_mode=a.system_mode,
-                      report_wording=a.report_wording)
+                      report_wording=a.report_wording, report_shapes=a.report_shapes)
     stats = build_world(a.out, cfg)
     print(json.dumps(stats, indent=2, sort_keys=True))
     return 0

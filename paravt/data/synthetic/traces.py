@@ -28,16 +28,17 @@ def _answer_sentence(q: dict[str, Any]) -> str:
     return f"It is {q['colour']}."
 
 
-def sighting(shape: str, colour: str, times: list[float], wording: str = "colour_first") -> str:
+def sighting(shape: str, colour: str, times: list[float], wording: str = "colour_first", shapes: bool = True) -> str:
     """One sighting in the words of the reports (``WorldConfig.report_wording``): colour_first "A
     yellow circle is visible from 14.0 to 17.0 seconds."; shape_first "The circle is yellow, visible
-    from 14.0 to 17.0 seconds." (one frame: "at 14.0 seconds")."""
+    from 14.0 to 17.0 seconds." (one frame: "at 14.0 seconds"). ``shapes=False``: "shape" for the shape."""
+    shape = shape if shapes else "shape"
     if wording == "shape_first":
         return f"The {shape} is {colour}, visible {where(times)}."
     return f"A {colour} {shape} is visible {where(times)}."
 
 
-def describe_window(spec: VideoSpec, timestamps: list[float], wording: str = "colour_first") -> str:
+def describe_window(spec: VideoSpec, timestamps: list[float], wording: str = "colour_first", shapes: bool = True) -> str:
     """The expert sub-agent summary of the frames at ``timestamps``."""
     if not timestamps:
         return "No frames."
@@ -45,7 +46,7 @@ def describe_window(spec: VideoSpec, timestamps: list[float], wording: str = "co
     for ev in sorted(spec.events, key=lambda e: e.start):
         seen = [t for t in timestamps if ev.visible_at(t)]
         if seen:
-            lines.append(sighting(ev.shape, ev.colour, seen, wording))
+            lines.append(sighting(ev.shape, ev.colour, seen, wording, shapes))
     if not lines:
         return f"From {timestamps[0]:.1f} to {timestamps[-1]:.1f} seconds no coloured shape is visible."
     return " ".join(lines)
@@ -104,7 +105,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
 
     def crop_response(s: float, e: float) -> tuple[str, list[float]]:
         ts = crop_times(spec, s, e, cfg)
-        return describe_window(spec, ts, wording), [t for t in ts if ev.visible_at(t)]
+        return describe_window(spec, ts, wording, cfg.report_shapes), [t for t in ts if ev.visible_at(t)]
 
     def fine_round(centre_lo: float, centre_hi: float, why: str) -> None:
         half = cfg.fine_window_s / 2
@@ -203,7 +204,7 @@ def sft_subagent_messages(spec: VideoSpec, s: float, e: float, cfg: WorldConfig)
              "fps": 1.0, "max_frames": cfg.crop_max_frames},
             {"type": "text", "text": "\n" + subagent_prompt(s, e)},
         ]},
-        {"role": "assistant", "content": [{"type": "text", "text": describe_window(spec, ts, cfg.report_wording)}]},
+        {"role": "assistant", "content": [{"type": "text", "text": describe_window(spec, ts, cfg.report_wording, cfg.report_shapes)}]},
     ]
 
 
@@ -237,7 +238,7 @@ def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | 
     reports, hits = [], []
     for s, e in _windows(spec.duration, cfg.coarse_window_s):
         ts = crop_times(spec, s, e, cfg)
-        reports.append(f"[{s:.1f}-{e:.1f} s] {describe_window(spec, ts, cfg.report_wording)}")
+        reports.append(f"[{s:.1f}-{e:.1f} s] {describe_window(spec, ts, cfg.report_wording, cfg.report_shapes)}")
         hits += [t for t in ts if ev.visible_at(t)]
     if not hits:
         return None
