@@ -377,3 +377,15 @@ def test_reports_without_shapes():
             answer = json.loads(row["messages"])[-1]["content"][0]["text"]
             assert not any(s in answer for s in SHAPES), answer
     assert n_seen >= 8
+
+
+def test_cli_preset_needle_sets_the_knobs_and_flags_override(tmp_path):
+    from paravt.data.synthetic.__main__ import PRESETS, main
+
+    assert main(["--out", str(tmp_path / "w"), "--preset", "needle", "--n-train-videos", "2", "--n-eval-videos", "1",
+                 "--perception-windows", "2", "--reading-rows", "4", "--tvg-pad-s", "0.5"]) == 0
+    cfg = json.loads((tmp_path / "w" / "world.json").read_text())["config"]
+    assert {k: cfg[k] for k in PRESETS["needle"] if k != "tvg_pad_s"} == \
+           {k: v for k, v in PRESETS["needle"].items() if k != "tvg_pad_s"}
+    assert cfg["tvg_pad_s"] == 0.5 and cfg["n_train_videos"] == 2
+    assert WorldConfig(**cfg).max_events == 1

@@ -13,9 +13,24 @@ from paravt.data.synthetic.world import MCQ_OPTIONS, REPORT_WORDINGS, WorldConfi
 from paravt.data.synthetic.writer import build_world
 
 
+# Named sets of world knobs (explicit flags still override them). "needle": the quickstart's world since
+# #25 - one event per 120 s video, four parallel 30 s crops at 1 fps, and every answer a copy of what
+# the world shows (no arithmetic on times, no lookup among options, no shape to perceive): the tasks a
+# 4 x 128 model trained in minutes can learn to read (docs/RESULTS.md, session 14).
+PRESETS: dict[str, dict] = {
+    "default": {},
+    "needle": {"max_events": 1, "min_duration": 120, "max_duration": 120, "coarse_window_s": 30.0,
+               "crop_max_frames": 30, "fine_round": False, "tvg_pad_s": 0.0, "mcq_options": "fixed",
+               "report_shapes": False},
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paravt.data.synthetic", description=DOC.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder (media/, parquet/, world.json)")
+    p.add_argument("--preset", default="default", choices=sorted(PRESETS),
+                   help="a named set of the knobs below (explicit flags override it); needle: "
+                        + ", ".join(f"{k}={v}" for k, v in PRESETS["needle"].items()))
     p.add_argument("--seed", type=int, default=WorldConfig.seed)
     p.add_argument("--n-train-videos", type=int, default=WorldConfig.n_train_videos)
     p.add_argument("--n-eval-videos", type=int, default=WorldConfig.n_eval_videos)
@@ -49,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--system-mode", default=WorldConfig.system_mode,
                    help="system prompt of the expert main-agent traces (a mode of paravt.core.prompts)")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")
+    known, _ = p.parse_known_args(argv)
+    p.set_defaults(**PRESETS[known.preset])
     a = p.parse_args(argv)
     if a.overwrite and Path(a.out).exists():
         shutil.rmtree(a.out)
