@@ -24,6 +24,10 @@ class OptimConfig:
     min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
     grad_clip: float = 1.0  # global grad-norm clip
     vision_lr_scale: float = 1.0  # lr multiplier for the vision tower (0 freezes it)
+    # Keep the lm_head (output embeddings) at its initial values; needs an untied model. The random-init
+    # tiny model's rarely-predicted tokens (shapes, option letters) otherwise drift to one shared
+    # "not me" direction (cosine 0.99 after SFT, measured), and what no output row tells apart no copy can say.
+    freeze_lm_head: bool = False
 
     def __post_init__(self):
         if self.scheduler not in ("cosine", "constant"):

@@ -71,6 +71,16 @@ def param_groups(model, weight_decay: float, vision_lr_scale: float = 1.0, lr: f
              "lr": lr * (vision_lr_scale if vision else 1.0)} for (vision, decay), ps in sorted(groups.items())]
 
 
+def freeze_lm_head(model) -> None:
+    """``optim.freeze_lm_head``: the output embeddings stop training (refused on a tied model, where they
+    are the input embeddings too)."""
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or head.weight is emb.weight or head.weight.data_ptr() == emb.weight.data_ptr():
+        raise ValueError("optim.freeze_lm_head needs a model whose lm_head is not tied to its input embeddings "
+                         "(build the tiny base with python -m paravt.models.tiny --no-tie-embeddings)")
+    head.weight.requires_grad_(False)
+
+
 def token_ce_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
     """Sum of next-token cross entropy over supervised positions, and their count."""
     labels = batch.pop("labels")
@@ -102,6 +112,8 @@ class SFTTrainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         model.to(self.d.device)
+        if cfg.optim.freeze_lm_head:
+            freeze_lm_head(model)
         s = cfg.dist.strategy
         self.ds_engine = None
         if s == "fsdp2":

@@ -154,3 +154,20 @@ def test_copy_aux_is_logged_resumable_and_trains_the_text_stack(world, tiny_dir,
         _cfg(world, tiny_dir, tmp_path / "d", **{"copy_aux.weight": -1})
     with pytest.raises(ValueError, match="deepspeed"):
         _cfg(world, tiny_dir, tmp_path / "d", **{"copy_aux.weight": 1, "dist.strategy": "deepspeed"})
+
+
+def test_freeze_lm_head_keeps_the_output_rows_and_refuses_a_tied_model(world, tiny_dir, tmp_path):
+    """optim.freeze_lm_head: the saved lm_head equals the base's after training while the input
+    embeddings move; on the tied tiny base (lm_head = input embeddings) it is refused by name."""
+    from paravt.models.tiny import main as build
+
+    with pytest.raises(ValueError, match="freeze_lm_head needs a model whose lm_head is not tied"):
+        SFTTrainer(_cfg(world, tiny_dir, tmp_path / "tied", max_steps=1, **{"optim.freeze_lm_head": "true"}))
+    assert build(["--out", str(tmp_path / "base"), "--no-tie-embeddings", "--no-progress"]) == 0
+    t = SFTTrainer(_cfg(world, tmp_path / "base", tmp_path / "run", max_steps=2, **{"optim.freeze_lm_head": "true"}))
+    t.train()
+    before, after = _weights(tmp_path / "base"), _weights(tmp_path / "run" / "final")
+    head = next(k for k in after if k.endswith("lm_head.weight"))
+    emb = next(k for k in after if k.endswith("embed_tokens.weight"))
+    assert torch.equal(before[head], after[head])
+    assert not torch.equal(before[emb], after[emb])
