@@ -26,10 +26,17 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 SEED="${SEED:-0}"
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
-  WORLD_ARGS=(--n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
+  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
 else
-  WORLD_ARGS=(); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-0}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
+  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}"); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-1}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
 fi
+HEAD="${HEAD:-trained}"
+case "$HEAD" in
+  frozen) TINY_HEAD=(--no-tie-embeddings); FREEZE=true ;;
+  trained) TINY_HEAD=(--no-tie-embeddings); FREEZE=false ;;
+  tied) TINY_HEAD=(--tie-embeddings); FREEZE=false ;;
+  *) echo "HEAD must be frozen, trained or tied, got '$HEAD'" >&2; exit 2 ;;
+esac
 read -ra TINY_EXTRA <<< "${TINY_ARGS:-}"
 read -ra WORLD_EXTRA <<< "${WORLD_FLAGS:-}"
 T0=$(date +%s)
@@ -45,7 +52,7 @@ reuse() { echo "reusing"; REUSED=1; }
 
 step tiny_model "1/8 tiny Qwen3-VL (copy warm-up: $WARMUP_STEPS steps) -> $OUT/tiny_model"
 if [[ -f "$OUT/tiny_model/paravt_tiny.json" ]]; then reuse; else
-  python -m paravt.models.tiny --out "$OUT/tiny_model" --seed "$SEED" --copy-warmup-steps "$WARMUP_STEPS" "${TINY_EXTRA[@]}"; fi
+  python -m paravt.models.tiny --out "$OUT/tiny_model" --seed "$SEED" --copy-warmup-steps "$WARMUP_STEPS" "${TINY_HEAD[@]}" "${TINY_EXTRA[@]}"; fi
 
 step world "2/8 synthetic world -> $OUT/world"
 if [[ -f "$OUT/world/world_stats.json" ]]; then reuse; else
@@ -62,7 +69,7 @@ step perception "4/8 perception pretraining of the tiny base ($PERC_STEPS steps)
 if [[ -e "$OUT/perception/final/config.json" ]]; then reuse; else
   python -m paravt.sft.train configs/sft/tiny_perception.yaml model_path="$OUT/tiny_model" output_dir="$OUT/perception" \
     data.0.path="$OUT/world/local/paravt_perception_synth.parquet" max_steps="$PERC_STEPS" \
-    save_every="$PERC_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX"; fi
+    save_every="$PERC_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE"; fi
 
 # SFT_READING=1: the tiny model's reading lessons (text-only reports -> answer, paravt_reading_synth.parquet) are
 # mixed into the SFT batches; with the copy warm-up they teach the main agent to look the right report up.
@@ -72,7 +79,7 @@ step sft "5/8 cold-start SFT ($SFT_STEPS steps) -> $OUT/sft"
 if [[ -e "$OUT/sft/final/config.json" ]]; then reuse; else
   python -m paravt.sft.train configs/sft/tiny.yaml model_path="$OUT/perception/final" output_dir="$OUT/sft" \
     "data=[$SFT_DATA]" max_steps="$SFT_STEPS" \
-    save_every="$SFT_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX"; fi
+    save_every="$SFT_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE"; fi
 step probe "5b/8 what the sub-agents see (python -m paravt.eval.probe)"
 for M in perception sft; do
   if [[ -f "$OUT/probe_$M.json" ]]; then reuse; else
@@ -80,13 +87,16 @@ for M in perception sft; do
       --out "$OUT/probe_$M.json" > /dev/null; fi
 done
 [[ "${QUICKSTART_STOP_AFTER:-}" == sft ]] && exit 0
+# the sub-agents see as many frames per crop as the world's expert did (the needle preset: 30 at 1 fps)
+CROP_FRAMES=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config']['crop_max_frames'])" "$OUT/world/world.json")
 
 for RUN in vanilla paragrpo; do
   RECIPE=configs/rl/tiny.yaml; [[ $RUN == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
   step "rl_$RUN" "6/8 RL: $RUN ($RL_STEPS steps) -> $OUT/rl_$RUN"
   if [[ -e "$OUT/rl_$RUN/final/config.json" ]]; then reuse; else
     python -m paravt.rl.train "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
-      "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED"; fi
+      "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED" \
+      hierarchical_agent.crop.max_frames="$CROP_FRAMES"; fi
 done
 
 step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT samples each)"
@@ -95,7 +105,7 @@ step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT sam
 # overview=paravt: the overview in the tiny model's training format (timestamps, header, "<think>\n").
 # resume=restart: finished samples are reused only if the checkpoint and settings are the same.
 COMMON=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS" "overview=paravt" "resume=restart"
-        "max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64")
+        "max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64" "crop.max_frames=$CROP_FRAMES")
 : > "$OUT/eval.log"
 evalrow() {  # one eval cell; its full log goes to eval.log, one progress line to the console
   local row="$1"; shift

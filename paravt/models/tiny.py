@@ -326,6 +326,12 @@ def build_tiny(out: str | Path, seed: int = 0, shape: TinyShape | None = None,
     config = build_config(shape, tokenizer)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).eval()
+    if not shape.tie_word_embeddings:
+        # A separate lm_head gets rows of norm ~2 (std 2/sqrt(hidden)) instead of HF's 0.02 init: the rows
+        # stay apart when SFT freezes them (optim.freeze_lm_head), and the final RMSNorm's output (norm
+        # ~sqrt(hidden)) reaches confident logits without first growing its gain 10x.
+        with torch.no_grad():
+            model.get_output_embeddings().weight.normal_(0.0, 2.0 / shape.hidden_size ** 0.5)
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=False, max_new_tokens=256)
     warm = copy_warmup(model, tokenizer, warmup or CopyWarmup(), seed, progress)

@@ -389,3 +389,15 @@ def test_cli_preset_needle_sets_the_knobs_and_flags_override(tmp_path):
            {k: v for k, v in PRESETS["needle"].items() if k != "tvg_pad_s"}
     assert cfg["tvg_pad_s"] == 0.5 and cfg["n_train_videos"] == 2
     assert WorldConfig(**cfg).max_events == 1
+
+
+def test_mixed_reading_rows_alternate_user_and_episode():
+    from paravt.data.synthetic import reading_rows
+
+    rows = reading_rows(WorldConfig(reading_format="mixed", max_events=1), 6)
+    kinds = [json.loads(x["messages"])[0]["role"] for x in rows]
+    assert kinds == ["user", "system"] * 3  # the user-format rows, then the episodes (system prompt first)
+    ep = json.loads(rows[1]["messages"])
+    assert any(m["role"] == "tool" for m in ep) and "<answer>" in ep[-1]["content"][0]["text"]
+    with pytest.raises(ValueError, match="reading_format"):
+        WorldConfig(reading_format="both")

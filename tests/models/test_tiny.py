@@ -125,6 +125,7 @@ def test_untied_embeddings_stay_untied_through_save_and_load(tmp_path):
     m = load_model(tmp_path / "u")
     emb, head = m.get_input_embeddings().weight, m.get_output_embeddings().weight
     assert emb.data_ptr() != head.data_ptr() and not torch.equal(emb, head)
+    assert 1.5 < head.norm(dim=-1).mean().item() < 2.5  # rows of norm ~2 (a frozen head must reach confident logits)
     assert json.loads((tmp_path / "u" / "paravt_tiny.json").read_text())["shape"]["tie_word_embeddings"] is False
     before = emb.detach().clone()
     loss = m(input_ids=torch.tensor([[5, 6, 7, 8]]), labels=torch.tensor([[5, 6, 7, 8]])).loss

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from paravt.data.synthetic import __doc__ as DOC
-from paravt.data.synthetic.world import MCQ_OPTIONS, REPORT_WORDINGS, WorldConfig
+from paravt.data.synthetic.world import MCQ_OPTIONS, READING_FORMATS, REPORT_WORDINGS, WorldConfig
 from paravt.data.synthetic.writer import build_world
 
 
@@ -53,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="1-4 s sub-agent windows per train video in paravt_perception_synth.parquet")
     p.add_argument("--reading-rows", type=int, default=WorldConfig.reading_rows,
                    help="text-only reading rows (reports -> answer) in paravt_reading_synth.parquet (0: none)")
-    p.add_argument("--reading-format", default=WorldConfig.reading_format, choices=("user", "episode", "episode_answer"),
+    p.add_argument("--reading-format", default=WorldConfig.reading_format, choices=READING_FORMATS,
                    help="user: reports + question in one message; episode: the main agent's own conversation "
-                        "(crop calls, reports as tool messages) without overview frames; episode_answer: loss on its last turn only")
+                        "(crop calls, reports as tool messages) without overview frames; episode_answer: loss on its last turn only; "
+                        "mixed: every other row each")
     p.add_argument("--report-wording", default=WorldConfig.report_wording, choices=REPORT_WORDINGS,
                    help="sightings in reports and thoughts: colour_first 'A yellow circle is visible from ...' or "
                         "shape_first 'The circle is yellow, visible from ...' (the key before the values)")

@@ -263,13 +263,14 @@ def reading_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
     at chance (docs/RESULTS.md, session 10)."""
     r = py_rng(cfg.seed, "reading-rows")
     rows, j = [], 0
-    system = system_prompt(cfg.system_mode) if cfg.reading_format.startswith("episode") else None
+    system = system_prompt(cfg.system_mode) if cfg.reading_format != "user" else None
     while len(rows) < n:
         ex = lookup_example(cfg, "reading", j, r)
         j += 1
         if ex is None:
             continue
-        if system is not None:  # the same video and question as an episode without overview frames
+        as_episode = system is not None and (cfg.reading_format != "mixed" or len(rows) % 2 == 1)
+        if as_episode:  # the same video and question as an episode without overview frames
             spec, q = make_spec(cfg, "reading", j - 1), ex["question"]
             msgs = sft_main_messages(spec, q, 0, expert_trajectory(spec, q, 0, cfg), system)
             if cfg.reading_format == "episode_answer":  # loss on the answer turn only, as in the user format

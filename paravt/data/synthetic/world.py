@@ -28,6 +28,7 @@ OVERVIEW_KS = (4, 8, 16, 32, 64)
 QUESTION_TYPES = ("mcq", "oe", "tvg")
 REPORT_WORDINGS = ("colour_first", "shape_first")
 MCQ_OPTIONS = ("random", "fixed")
+READING_FORMATS = ("user", "episode", "episode_answer", "mixed")
 
 
 @dataclass
@@ -62,7 +63,8 @@ class WorldConfig:
     # user: the reports and the question in one user message, the answer (session 10's rows);
     # episode: the main agent's own conversation without overview frames (system prompt, question,
     # the expert's crop calls, the perfect reports as tool messages, the expert's answer turns);
-    # episode_answer: the same with only the last assistant turn supervised (the others "weight": 0)
+    # episode_answer: the same with only the last assistant turn supervised (the others "weight": 0);
+    # mixed: every other row in each of user and episode (the probe reads the first, episodes the second)
     reading_format: str = "user"
     # How a sighting is worded in the sub-agent reports and the expert's thoughts. colour_first (the
     # default, sessions 1-11): "A yellow circle is visible from 14.0 to 17.0 seconds."; shape_first:
@@ -86,8 +88,8 @@ class WorldConfig:
             raise ValueError("videos too short for their events")
         if self.perception_windows < 0 or self.reading_rows < 0:
             raise ValueError(f"perception_windows/reading_rows must be >= 0, got {self.perception_windows}/{self.reading_rows}")
-        if self.reading_format not in ("user", "episode", "episode_answer"):
-            raise ValueError(f"reading_format must be user, episode or episode_answer, got {self.reading_format!r}")
+        if self.reading_format not in READING_FORMATS:
+            raise ValueError(f"reading_format must be one of {', '.join(READING_FORMATS)}, got {self.reading_format!r}")
         if self.mcq_options not in MCQ_OPTIONS:
             raise ValueError(f"mcq_options must be one of {', '.join(MCQ_OPTIONS)}, got {self.mcq_options!r}")
         if self.tvg_pad_s < 0 or self.coarse_window_s <= 0 or self.fine_window_s <= 0:
