@@ -30,6 +30,11 @@ def test_short_quickstart(tmp_path):
     for stage in ("perception", "sft"):  # COPY_AUX=1: both stages trained the copy task beside their rows
         assert "copy_loss" in json.loads((out / stage / "metrics.jsonl").read_text().splitlines()[-1])
     assert "reading: shape / colour / times" in report
+    # the defaults of #25 session 14: the needle world, an untied lm_head, sub-agents at the world's 30 frames
+    assert json.loads((out / "world/world.json").read_text())["config"]["max_events"] == 1
+    assert json.loads((out / "tiny_model/paravt_tiny.json").read_text())["shape"]["tie_word_embeddings"] is False
+    run_cfg = out / "eval/sft-tool-K4/image_url/synthetic.run_config.json"
+    assert json.loads(run_cfg.read_text())["identity"]["crop"]["max_frames"] == 30
     # rerunning reuses every finished stage
     r2 = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=900,
                         env={**os.environ, "QUICKSTART_SMALL": "1"})
