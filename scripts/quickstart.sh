@@ -5,13 +5,13 @@
 # Finished stages are reused on a rerun (delete OUT_DIR to start over).
 #   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
 #   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
-#   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (20), EVAL_LIMIT (30 per cell), SEED (0)
+#   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (20), EVAL_LIMIT (120 per cell: every held-out question of the needle world), SEED (0)
 #   WORLD_PRESET (needle): python -m paravt.data.synthetic --preset (needle: one event per 120 s video, four
 #     30 s crops at 1 fps, answers that copy what the world shows; default: the 1-3 event world of sessions 1-13)
 #   HEAD (trained): the tiny base's lm_head - trained: untied from the input embeddings (rows of norm ~2);
 #     frozen: untied and kept at init (optim.freeze_lm_head); tied: shared with the input embeddings (sessions 1-13)
 #   SFT_READING (1): text-only reading rows (reports -> answer, paravt_reading_synth.parquet) in the SFT batches;
-#     READING_FORMAT (mixed): their form, --reading-format user|episode|episode_answer|mixed
+#     READING_FORMAT (user): their form, --reading-format user|episode|episode_answer|mixed
 #   The copy warm-up experiment (#25, docs/RESULTS.md; off by default): WARMUP_STEPS=3000, PERC_STEPS=1200
 #   COPY_AUX=W: the copy task as an auxiliary loss (weight W) of the perception and SFT stages (copy_aux.weight; 0: off)
 #   TINY_ARGS: extra flags of python -m paravt.models.tiny, e.g. the wide base of the #25 experiments:
@@ -31,9 +31,9 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 SEED="${SEED:-0}"
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
-  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-mixed}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
+  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
 else
-  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-mixed}"); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-1}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-30}"; EVAL_TOKENS=320
+  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}"); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-1}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-120}"; EVAL_TOKENS=320
 fi
 HEAD="${HEAD:-trained}"
 case "$HEAD" in
