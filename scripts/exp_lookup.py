@@ -8,6 +8,11 @@ reports in the world's own wording ("The circle is yellow, from 14.0 to 17.0 sec
 "What colour is the square? The square is" -> the square's colour. Accuracy = greedy first token
 of the answer colour, on 256 fresh sequences with the maximum number of reports (chance = 1/N).
 Writes one JSON line per evaluation to --out.
+
+Session-14 variants (RESULTS.md): ``--wording needle`` (one sighting among N window reports, the others
+empty; answer = its colour, no key to match), ``needle_t`` (answer = its times, scored on every answer
+token, i.e. greedy exact match), ``mcq`` (the option letter of an already named colour among four
+random options: a key-matching lookup again).
 """
 
 from __future__ import annotations
