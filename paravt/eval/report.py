@@ -83,6 +83,25 @@ def per_question(out: Path, row: str, key: str = "score") -> dict[str, float]:
     return {r["id"]: float(r.get(key) or 0.0) for r in read_jsonl(p)} if p.exists() else {}
 
 
+def constant_answers(out: Path, share: float = 0.8, min_n: int = 10) -> list[str]:
+    """Rows whose mcq / oe answers are (nearly) one constant: the most common prediction given to at least
+    ``share`` of ``min_n``+ questions of a type. Accuracy there is how often the gold happens to be that
+    answer, and a difference against another row can be format, not evidence use (#25: a model that
+    answered "B" and "yellow" to everything showed "tools help" +15 points because without tools it
+    never answered)."""
+    notes = []
+    for p in sorted((out / "eval").glob("*/image_url/synthetic.jsonl")):
+        rows = read_jsonl(p)
+        for qtype in ("mcq", "oe"):
+            preds = [str(r.get("pred")) for r in rows if r.get("question_type") == qtype and r.get("pred") is not None]
+            if len(preds) < min_n:
+                continue
+            top = max(set(preds), key=preds.count)
+            if preds.count(top) >= share * len(preds):
+                notes.append(f"{p.parent.parent.name} answers {top[:40]!r} to {preds.count(top)} of {len(preds)} {qtype} questions")
+    return notes
+
+
 def effects_table(out: Path, seed: int = 0, comparisons=None) -> str:
     """Paired B − A differences per (name, B row, A row, K) comparison (default: the quickstart's)."""
     lines = []
@@ -240,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
           "Held-out synthetic eval set; K = overview frames. score = accuracy (mcq, oe) and temporal IoU (tvg) averaged;",
           "all in %. Tools run as weight-sharing sub-agents (greedy), as in training.",
           "", table, ""]
+    constant = constant_answers(out)
+    if constant:
+        md += ["**Constant answers** (accuracy in these cells is how often the gold is that answer, and an effect "
+               "involving them may be format, not evidence use): " + "; ".join(constant) + ".", ""]
     effects = effects_table(out)
     if effects:
         md += ["The paper's effects as paired differences on the same questions (B − A; "
@@ -260,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         md += ["![sft loss](sft/loss_curve.png)", ""]
     (out / "report.md").write_text("\n".join(md))
     print(table)
+    if constant:
+        print("constant answers: " + "; ".join(constant) + "\n")
     if effects:
         print(effects)
     print("\n".join(first_last))

@@ -84,3 +84,24 @@ def test_gtr_report_pairs_the_two_arms_and_reads_collapse_metrics(tmp_path):
     assert "| PARA-GRPO | gtr/distinct_thought_fraction | 0.900 | 0.300 |" in md
     assert "| PARA-GRPO+GTR | gtr/distinct_thought_fraction | 0.900 | 0.800 |" in md
     assert (tmp_path / "gtr_report.md").read_text() == md and (tmp_path / "gtr_curves.png").stat().st_size > 1000
+
+
+def test_constant_answers_are_flagged(tmp_path):
+    """A row that gives one answer to (nearly) every mcq / oe question is named in the report; a row
+    whose answers vary is not; types with too few questions are skipped."""
+    from paravt.eval.report import constant_answers
+
+    def write(row, preds):
+        d = tmp_path / "eval" / row / "image_url"
+        d.mkdir(parents=True)
+        (d / "synthetic.jsonl").write_text("\n".join(json.dumps({"id": f"q{i}", "question_type": t, "pred": p, "score": 0.0})
+                                                     for i, (t, p) in enumerate(preds)) + "\n")
+
+    write("sft-tool-K4", [("mcq", "B")] * 38 + [("mcq", "D")] * 2 + [("oe", "yellow")] * 40 + [("tvg", "[1.0, 2.0]")] * 40)
+    write("sft-notool-K4", [("mcq", "ABCD"[i % 4]) for i in range(40)] + [("oe", "red")] * 5)
+    notes = constant_answers(tmp_path)
+    assert notes == ["sft-tool-K4 answers 'B' to 38 of 40 mcq questions",
+                     "sft-tool-K4 answers 'yellow' to 40 of 40 oe questions"]
+    (tmp_path / "eval/summary_all.json").write_text(json.dumps({}))
+    assert main([str(tmp_path)]) == 0
+    assert "**Constant answers**" in (tmp_path / "report.md").read_text()
