@@ -70,13 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.overwrite and Path(a.out).exists():
         shutil.rmtree(a.out)
-    cfg = WorldConfig(seed=a.seed, n_train_videos=a.n_train_videos, n_eval_videos=a.n_eval_videos,
-                      min_duration=a.min_duration, max_duration=a.max_duration,
-                      min_events=a.min_events, max_events=a.max_events, coarse_window_s=a.coarse_window_s, crop_max_frames=a.crop_max_frames,
-                      fine_round=a.fine_round, tvg_pad_s=a.tvg_pad_s, mcq_options=a.mcq_options,
-                      perception_windows=a.perception_windows,
-                      reading_rows=a.reading_rows, reading_format=a.reading_format, system_mode=a.system_mode,
-                      report_wording=a.report_wording, report_shapes=a.report_shapes)
+    # every WorldConfig field that has a flag (argparse dest = field name)
+    cfg = WorldConfig(**{f: getattr(a, f) for f in WorldConfig.__dataclass_fields__ if hasattr(a, f)})
     stats = build_world(a.out, cfg)
     print(json.dumps(stats, indent=2, sort_keys=True))
     return 0

@@ -93,7 +93,8 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     def in_overview(at: str) -> str:
         return f"In the overview the {ev.shape} is {ev.colour}, visible {at}." if shape_first else f"In the overview {desc} is visible {at}."
 
-    def padded(a: float, b: float, pad: float) -> tuple[float, float]:
+    def padded(a: float, b: float, pad: float | None = None) -> tuple[float, float]:  # tvg_pad_s 0: copy the times
+        pad = cfg.tvg_pad_s if pad is None else pad
         return (max(0.0, a - pad), min(float(spec.duration), b + pad)) if cfg.tvg_pad_s else (a, b)
 
     def lead(text: str) -> str:  # the first turn opens with the restated task
@@ -116,7 +117,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         text, hits = crop_response(s, e)
         turns.append([text])
         a, b = (hits[0], hits[-1]) if hits else (s, e)
-        span = padded(a, b, cfg.tvg_pad_s)
+        span = padded(a, b)
         turns.append(f"{THINK_PREFIX}{found(hits or [a, b])}\n</think>\n<answer>{_answer_text(q, span)}</answer>")
 
     if seen:
@@ -154,7 +155,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     elif q["question_type"] != "tvg":
         turns.append(f"{THINK_PREFIX}{found(hits)} {_answer_sentence(q)}\n</think>\n<answer>{_answer_text(q)}</answer>")
     elif not cfg.fine_round:  # the coarse sightings are the answer
-        turns.append(f"{THINK_PREFIX}{found(hits)}\n</think>\n<answer>{_answer_text(q, padded(hits[0], hits[-1], cfg.tvg_pad_s))}</answer>")
+        turns.append(f"{THINK_PREFIX}{found(hits)}\n</think>\n<answer>{_answer_text(q, padded(hits[0], hits[-1]))}</answer>")
     else:
         near = (f"The {ev.shape} is {ev.colour}, visible near {hits[0]:.1f} seconds." if shape_first
                 else f"{desc.capitalize()} is visible near {hits[0]:.1f} seconds.")
