@@ -12,6 +12,9 @@
 #     frozen: untied and kept at init (optim.freeze_lm_head); tied: shared with the input embeddings (sessions 1-13)
 #   SFT_READING (1): text-only reading rows (reports -> answer, paravt_reading_synth.parquet) in the SFT batches;
 #     READING_FORMAT (user): their form, --reading-format user|episode|episode_answer|mixed
+#   SFT_PHASES ("reading_long:600 reading_episode:600"): SFT phases after the first, each NAME:STEPS continuing
+#     from the previous phase on the SFT rows + paravt_NAME_synth.parquet (the needle world's reading curriculum:
+#     the copy learnt short, kept at episode length, then carried into the episode format; "" = one phase)
 #   The copy warm-up experiment (#25, docs/RESULTS.md; off by default): WARMUP_STEPS=3000, PERC_STEPS=1200
 #   COPY_AUX=W: the copy task as an auxiliary loss (weight W) of the perception and SFT stages (copy_aux.weight; 0: off)
 #   TINY_ARGS: extra flags of python -m paravt.models.tiny, e.g. the wide base of the #25 experiments:
@@ -31,9 +34,9 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 SEED="${SEED:-0}"
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
-  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
+  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; SFT_PHASES="${SFT_PHASES-reading_long:10 reading_episode:10}"; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
 else
-  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}"); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-1}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-120}"; EVAL_TOKENS=320
+  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}"); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-1}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; SFT_PHASES="${SFT_PHASES-reading_long:600 reading_episode:600}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-120}"; EVAL_TOKENS=320
 fi
 HEAD="${HEAD:-trained}"
 case "$HEAD" in
@@ -77,14 +80,35 @@ if [[ -e "$OUT/perception/final/config.json" ]]; then reuse; else
     save_every="$PERC_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE"; fi
 
 # SFT_READING=1: the tiny model's reading lessons (text-only reports -> answer, paravt_reading_synth.parquet) are
-# mixed into the SFT batches; with the copy warm-up they teach the main agent to look the right report up.
-SFT_DATA="{path: $OUT/world/local/paravt_sft_synth.parquet, name: synthetic_sft}"
-[[ "$SFT_READING" == 1 ]] && SFT_DATA="$SFT_DATA, {path: $OUT/world/local/paravt_reading_synth.parquet, name: synthetic_reading}"
-step sft "5/8 cold-start SFT ($SFT_STEPS steps) -> $OUT/sft"
-if [[ -e "$OUT/sft/final/config.json" ]]; then reuse; else
-  python -m paravt.sft.train configs/sft/tiny.yaml model_path="$OUT/perception/final" output_dir="$OUT/sft" \
-    "data=[$SFT_DATA]" max_steps="$SFT_STEPS" \
-    save_every="$SFT_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE"; fi
+# mixed into the SFT batches. Then SFT_PHASES: each continues from the previous phase on the SFT rows plus the
+# world's paravt_NAME_synth.parquet (the needle world writes reading_long and reading_episode: the copy learnt on
+# short rows is kept after the 480-token system prompt, then carried into tool messages and the answer tag;
+# docs/RESULTS.md session 15). The last phase is $OUT/sft; earlier ones are $OUT/sft_<name>.
+SFT_ROWS="{path: $OUT/world/local/paravt_sft_synth.parquet, name: synthetic_sft}"
+read -ra LATER <<< "${SFT_PHASES}"
+[[ "$SFT_READING" == 1 ]] || LATER=()
+PHASES=("$([[ "$SFT_READING" == 1 ]] && echo reading || echo none):$SFT_STEPS" "${LATER[@]}")
+PREV="$OUT/perception"
+for i in "${!PHASES[@]}"; do
+  NAME="${PHASES[$i]%%:*}"; STEPS="${PHASES[$i]##*:}"
+  if [[ "$NAME" == "${PHASES[$i]}" || ! "$STEPS" =~ ^[1-9][0-9]*$ ]]; then
+    echo "SFT_PHASES: '${PHASES[$i]}' is not NAME:STEPS (e.g. reading_episode:600)" >&2; exit 2; fi
+  DATA="$SFT_ROWS"
+  if [[ "$NAME" != none ]]; then
+    SHARD="$OUT/world/local/paravt_${NAME}_synth.parquet"
+    if [[ ! -f "$SHARD" ]]; then
+      echo "SFT phase '$NAME': $SHARD does not exist (the needle preset's --reading-curriculum writes reading_long and" \
+           "reading_episode; set SFT_PHASES=\"\" for one phase)" >&2; exit 2; fi
+    DATA="$DATA, {path: $SHARD, name: synthetic_$NAME}"
+  fi
+  DEST="$OUT/sft_$NAME"; (( i == ${#PHASES[@]} - 1 )) && DEST="$OUT/sft"
+  step "sft_$NAME" "5/8 cold-start SFT phase $(( i + 1 ))/${#PHASES[@]}: $NAME ($STEPS steps) -> $DEST"
+  if [[ -e "$DEST/final/config.json" ]]; then reuse; else
+    python -m paravt.sft.train configs/sft/tiny.yaml model_path="$PREV/final" output_dir="$DEST" \
+      "data=[$DATA]" max_steps="$STEPS" \
+      save_every="$STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE"; fi
+  PREV="$DEST"
+done
 step probe "5b/8 what the sub-agents see (python -m paravt.eval.probe)"
 for M in perception sft; do
   if [[ -f "$OUT/probe_$M.json" ]]; then reuse; else

@@ -35,6 +35,12 @@ def test_short_quickstart(tmp_path):
     assert json.loads((out / "tiny_model/paravt_tiny.json").read_text())["shape"]["tie_word_embeddings"] is False
     run_cfg = out / "eval/sft-tool-K4/image_url/synthetic.run_config.json"
     assert json.loads(run_cfg.read_text())["identity"]["crop"]["max_frames"] == 30
+    # session 15: SFT in phases (reading -> reading_long -> reading_episode), each from the previous final
+    assert pq.read_metadata(out / "world/local/paravt_reading_episode_synth.parquet").num_rows == 300
+    for phase in ("sft_reading", "sft_reading_long"):
+        assert (out / phase / "final/config.json").exists()
+    stages = (out / "stage_seconds.tsv").read_text()
+    assert all(f"{s}\t" in stages for s in ("sft_reading", "sft_reading_long", "sft_reading_episode"))
     # rerunning reuses every finished stage
     r2 = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=900,
                         env={**os.environ, "QUICKSTART_SMALL": "1"})

@@ -401,3 +401,39 @@ def test_mixed_reading_rows_alternate_user_and_episode():
     assert any(m["role"] == "tool" for m in ep) and "<answer>" in ep[-1]["content"][0]["text"]
     with pytest.raises(ValueError, match="reading_format"):
         WorldConfig(reading_format="both")
+
+
+def test_reading_system_frac_prefixes_that_share_of_user_rows_with_the_system_prompt():
+    from paravt.core.prompts import system_prompt
+    from paravt.data.synthetic import reading_rows
+
+    plain = reading_rows(WorldConfig(max_events=1), 8)
+    rows = reading_rows(WorldConfig(max_events=1, reading_system_frac=0.5), 8)
+    msgs = [json.loads(x["messages"]) for x in rows]
+    assert [m[0]["role"] for m in msgs] == ["user", "system"] * 4  # spread evenly, half of them
+    assert msgs[1][0]["content"][0]["text"] == system_prompt("agentic_general")
+    # the same tasks as without the prefix: only the system message is added
+    assert [m[-2:] for m in msgs] == [json.loads(x["messages"])[-2:] for x in plain]
+    assert all(json.loads(x["messages"])[0]["role"] == "system"
+               for x in reading_rows(WorldConfig(max_events=1, reading_system_frac=1.0), 3))
+    with pytest.raises(ValueError, match="reading_system_frac"):
+        WorldConfig(reading_system_frac=1.5)
+
+
+def test_reading_curriculum_writes_the_later_phases_on_the_same_tasks(tmp_path):
+    import pyarrow.parquet as pq
+
+    from paravt.data.synthetic import build_world
+
+    build_world(tmp_path / "w", WorldConfig(n_train_videos=2, n_eval_videos=1, perception_windows=1, reading_rows=4,
+                                            max_events=1, reading_curriculum=True))
+    rows = {n: [json.loads(m) for m in pq.read_table(tmp_path / f"w/parquet/paravt_{n}_synth.parquet")
+                .column("messages").to_pylist()] for n in ("reading", "reading_long", "reading_episode")}
+    assert [m[0]["role"] for m in rows["reading"]] == ["user"] * 4
+    assert [m[0]["role"] for m in rows["reading_long"]] == ["user", "system"] * 2
+    assert [m[-2:] for m in rows["reading_long"]] == [m[-2:] for m in rows["reading"]]  # same tasks, prefixed
+    ep = rows["reading_episode"]
+    assert ep[0] == rows["reading"][0] and any(m["role"] == "tool" for m in ep[1])
+    assert "<answer>" in ep[1][-1]["content"][0]["text"]
+    build_world(tmp_path / "v", WorldConfig(n_train_videos=2, n_eval_videos=1, perception_windows=1, reading_rows=4))
+    assert not (tmp_path / "v/parquet/paravt_reading_long_synth.parquet").exists()  # off by default

@@ -21,7 +21,7 @@ PRESETS: dict[str, dict] = {
     "default": {},
     "needle": {"max_events": 1, "min_duration": 120, "max_duration": 120, "coarse_window_s": 30.0,
                "crop_max_frames": 30, "fine_round": False, "tvg_pad_s": 0.0, "mcq_options": "fixed",
-               "report_shapes": False},
+               "report_shapes": False, "reading_curriculum": True},
 }
 
 
@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="user: reports + question in one message; episode: the main agent's own conversation "
                         "(crop calls, reports as tool messages) without overview frames; episode_answer: loss on its last turn only; "
                         "mixed: every other row each")
+    p.add_argument("--reading-system-frac", type=float, default=WorldConfig.reading_system_frac,
+                   help="fraction of the user-format reading rows preceded by the world's system prompt "
+                        "(the copy taught at episode length; 0: none)")
+    p.add_argument("--reading-curriculum", action=argparse.BooleanOptionalAction, default=WorldConfig.reading_curriculum,
+                   help="also write paravt_reading_long_synth.parquet (half after the system prompt) and "
+                        "paravt_reading_episode_synth.parquet (half as episodes): the later SFT reading phases")
     p.add_argument("--report-wording", default=WorldConfig.report_wording, choices=REPORT_WORDINGS,
                    help="sightings in reports and thoughts: colour_first 'A yellow circle is visible from ...' or "
                         "shape_first 'The circle is yellow, visible from ...' (the key before the values)")

@@ -265,6 +265,7 @@ def reading_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
     r = py_rng(cfg.seed, "reading-rows")
     rows, j = [], 0
     system = system_prompt(cfg.system_mode) if cfg.reading_format != "user" else None
+    prefix = system_prompt(cfg.system_mode) if cfg.reading_system_frac else None
     while len(rows) < n:
         ex = lookup_example(cfg, "reading", j, r)
         j += 1
@@ -282,6 +283,9 @@ def reading_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
         else:
             msgs = [{"role": "user", "content": [{"type": "text", "text": ex["user"]}]},
                     {"role": "assistant", "content": [{"type": "text", "text": ex["answer"]}]}]
+            i, f = len(rows), cfg.reading_system_frac
+            if prefix and int((i + 1) * f) > int(i * f):  # this row carries the system prompt (spread evenly)
+                msgs.insert(0, {"role": "system", "content": [{"type": "text", "text": prefix}]})
         rows.append({"id": f"reading_{j - 1:05d}", "kind": "reading", "nframes": 0, "messages": json.dumps(msgs),
                      "videos": []})
     return rows

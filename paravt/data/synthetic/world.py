@@ -66,6 +66,17 @@ class WorldConfig:
     # episode_answer: the same with only the last assistant turn supervised (the others "weight": 0);
     # mixed: every other row in each of user and episode (the probe reads the first, episodes the second)
     reading_format: str = "user"
+    # Fraction of the user-format reading rows that carry the world's system prompt (system_mode) as a
+    # system message, spread evenly (0: none). The tiny model's copy learnt on ~210-token rows fails at
+    # episode length (teacher-forced, same rows: 100% -> 55% with the 480-token prompt before them;
+    # docs/RESULTS.md session 15): rows with the long prefix teach the copy at the length it is used.
+    reading_system_frac: float = 0.0
+    # Also write the later phases of the tiny main agent's reading lessons (docs/RESULTS.md session 15):
+    # paravt_reading_long_synth.parquet (the same tasks, user format, every other row after the system
+    # prompt: the copy kept at episode length) and paravt_reading_episode_synth.parquet (the same tasks,
+    # every other row as the main agent's own episode: the copy into tool messages and the answer tag).
+    # The quickstart trains on them in turn after paravt_reading_synth.parquet (SFT_PHASES).
+    reading_curriculum: bool = False
     # How a sighting is worded in the sub-agent reports and the expert's thoughts. colour_first (the
     # default, sessions 1-11): "A yellow circle is visible from 14.0 to 17.0 seconds."; shape_first:
     # "The circle is yellow, visible from 14.0 to 17.0 seconds." - the key (shape) before the values
@@ -88,6 +99,8 @@ class WorldConfig:
             raise ValueError("videos too short for their events")
         if self.perception_windows < 0 or self.reading_rows < 0:
             raise ValueError(f"perception_windows/reading_rows must be >= 0, got {self.perception_windows}/{self.reading_rows}")
+        if not 0.0 <= self.reading_system_frac <= 1.0:
+            raise ValueError(f"reading_system_frac must be in [0, 1], got {self.reading_system_frac}")
         if self.reading_format not in READING_FORMATS:
             raise ValueError(f"reading_format must be one of {', '.join(READING_FORMATS)}, got {self.reading_format!r}")
         if self.mcq_options not in MCQ_OPTIONS:

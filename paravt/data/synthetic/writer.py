@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,9 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
     reading = reading_rows(cfg, cfg.reading_rows)
     if reading:
         _write_parquet(reading, parquet_dir / "paravt_reading_synth.parquet")
+    if reading and cfg.reading_curriculum:  # the same tasks in the later phases' wrappers
+        for name, phase in READING_PHASES.items():
+            _write_parquet(reading_rows(replace(cfg, **phase), cfg.reading_rows), parquet_dir / f"paravt_{name}_synth.parquet")
     _write_parquet(rl, parquet_dir / "paravt_rl_synth.parquet")
     _write_parquet(ev_rows, parquet_dir / "paravt_eval_synth.parquet")
 
@@ -93,6 +96,13 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
                   "media_bytes": sum(p.stat().st_size for p in media.rglob("*.mp4"))})
     (out / "world_stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True))
     return stats
+
+
+# The later reading phases of reading_curriculum: file stem -> the WorldConfig knobs that make its rows.
+READING_PHASES: dict[str, dict[str, Any]] = {
+    "reading_long": {"reading_format": "user", "reading_system_frac": 0.5},
+    "reading_episode": {"reading_format": "mixed", "reading_system_frac": 0.0},
+}
 
 
 def world_stats(specs: dict[str, list[VideoSpec]], cfg: WorldConfig) -> dict[str, Any]:
