@@ -437,3 +437,24 @@ def test_reading_curriculum_writes_the_later_phases_on_the_same_tasks(tmp_path):
     assert "<answer>" in ep[1][-1]["content"][0]["text"]
     build_world(tmp_path / "v", WorldConfig(n_train_videos=2, n_eval_videos=1, perception_windows=1, reading_rows=4))
     assert not (tmp_path / "v/parquet/paravt_reading_long_synth.parquet").exists()  # off by default
+
+
+def test_reading_answer_tags_end_the_answer_as_the_episode_does():
+    from paravt.data.synthetic import reading_rows
+
+    plain = reading_rows(WorldConfig(max_events=1, tvg_pad_s=0.0), 9)
+    tagged = reading_rows(WorldConfig(max_events=1, tvg_pad_s=0.0, reading_answer_tags=True), 9)
+    seen = set()
+    for p, t in zip(plain, tagged):
+        a = json.loads(p["messages"])[-1]["content"][0]["text"]
+        b = json.loads(t["messages"])[-1]["content"][0]["text"]
+        assert b.startswith(f"<think>\n{a}\n</think>\n<answer>") and b.endswith("</answer>")
+        tag = b.split("<answer>")[1][:-len("</answer>")]
+        if "option " in a:  # mcq: the letter the thought names
+            assert a.endswith(f"option {tag}."); seen.add("mcq")
+        elif "It is " in a:  # oe: the colour the thought names
+            assert a.endswith(f"It is {tag}."); seen.add("oe")
+        else:  # tvg, unpadded: the sighted times the thought copies
+            s, e = (float(x) for x in tag.strip("[]").split(", "))
+            assert f"from {s:.1f} to {e:.1f} seconds" in a or f"at {s:.1f} seconds" in a; seen.add("tvg")
+    assert seen == {"mcq", "oe", "tvg"}

@@ -21,7 +21,7 @@ PRESETS: dict[str, dict] = {
     "default": {},
     "needle": {"max_events": 1, "min_duration": 120, "max_duration": 120, "coarse_window_s": 30.0,
                "crop_max_frames": 30, "fine_round": False, "tvg_pad_s": 0.0, "mcq_options": "fixed",
-               "report_shapes": False, "reading_curriculum": True},
+               "report_shapes": False, "reading_curriculum": True, "reading_answer_tags": True},
 }
 
 
@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reading-curriculum", action=argparse.BooleanOptionalAction, default=WorldConfig.reading_curriculum,
                    help="also write paravt_reading_long_synth.parquet (half after the system prompt) and "
                         "paravt_reading_episode_synth.parquet (half as episodes): the later SFT reading phases")
+    p.add_argument("--reading-answer-tags", action=argparse.BooleanOptionalAction, default=WorldConfig.reading_answer_tags,
+                   help="user-format reading answers end as the episode's last turn: <think>...</think><answer>X</answer>")
     p.add_argument("--report-wording", default=WorldConfig.report_wording, choices=REPORT_WORDINGS,
                    help="sightings in reports and thoughts: colour_first 'A yellow circle is visible from ...' or "
                         "shape_first 'The circle is yellow, visible from ...' (the key before the values)")

@@ -249,6 +249,10 @@ def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | 
         answer = f"{restate(q)} {sighting(ev.shape, ev.colour, hits, 'shape_first')}"
     if q["question_type"] != "tvg":
         answer += f" {_answer_sentence(q)}"
+    if cfg.reading_answer_tags:  # the episode's last turn: the thought, then the answer tag that copies it
+        pad = cfg.tvg_pad_s
+        span = (max(0.0, hits[0] - pad), min(float(spec.duration), hits[-1] + pad))
+        answer = f"{THINK_PREFIX}{answer}\n</think>\n<answer>{_answer_text(q, span)}</answer>"
     return {"user": "Reports:\n" + "\n".join(reports) + f"\n{q['question']}", "answer": answer, "question": q,
             "hits": [hits[0], hits[-1]]}
 

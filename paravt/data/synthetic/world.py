@@ -77,6 +77,11 @@ class WorldConfig:
     # every other row as the main agent's own episode: the copy into tool messages and the answer tag).
     # The quickstart trains on them in turn after paravt_reading_synth.parquet (SFT_PHASES).
     reading_curriculum: bool = False
+    # The user-format reading answers end as the episode's last turn does: "<think>\n...</think>\n<answer>X</answer>".
+    # The tag's colour ("yellow") is another token than the thought's (" yellow") and is predicted only in
+    # the open answers' tags otherwise: without these rows the tiny agent's open answers are one constant
+    # (docs/RESULTS.md session 15: K = 4 with tools 35.6 -> 67.2 on the same world and perception).
+    reading_answer_tags: bool = False
     # How a sighting is worded in the sub-agent reports and the expert's thoughts. colour_first (the
     # default, sessions 1-11): "A yellow circle is visible from 14.0 to 17.0 seconds."; shape_first:
     # "The circle is yellow, visible from 14.0 to 17.0 seconds." - the key (shape) before the values
