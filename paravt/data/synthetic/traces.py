@@ -67,6 +67,13 @@ def _answer_text(q: dict[str, Any], span: tuple[float, float] | None = None) -> 
     return q["answer"]
 
 
+def tvg_span(cfg: WorldConfig, duration: float, a: float, b: float, pad: float | None = None) -> tuple[float, float]:
+    """A tvg answer's span: the sighted times padded by ``pad`` (default ``cfg.tvg_pad_s``) inside the
+    video; with ``tvg_pad_s`` 0 the times themselves (the answer copies them)."""
+    pad = cfg.tvg_pad_s if pad is None else pad
+    return (max(0.0, a - pad), min(float(duration), b + pad)) if cfg.tvg_pad_s else (a, b)
+
+
 def _windows(duration: float, length: float) -> list[tuple[float, float]]:
     n = max(1, math.ceil(duration / length))
     step = duration / n
@@ -94,8 +101,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         return f"In the overview the {ev.shape} is {ev.colour}, visible {at}." if shape_first else f"In the overview {desc} is visible {at}."
 
     def padded(a: float, b: float, pad: float | None = None) -> tuple[float, float]:  # tvg_pad_s 0: copy the times
-        pad = cfg.tvg_pad_s if pad is None else pad
-        return (max(0.0, a - pad), min(float(spec.duration), b + pad)) if cfg.tvg_pad_s else (a, b)
+        return tvg_span(cfg, spec.duration, a, b, pad)
 
     def lead(text: str) -> str:  # the first turn opens with the restated task
         return f"{restate(q)} {text}" if not turns else text
@@ -250,8 +256,7 @@ def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | 
     if q["question_type"] != "tvg":
         answer += f" {_answer_sentence(q)}"
     if cfg.reading_answer_tags:  # the episode's last turn: the thought, then the answer tag that copies it
-        pad = cfg.tvg_pad_s
-        span = (max(0.0, hits[0] - pad), min(float(spec.duration), hits[-1] + pad))
+        span = tvg_span(cfg, spec.duration, hits[0], hits[-1])
         answer = f"{THINK_PREFIX}{answer}\n</think>\n<answer>{_answer_text(q, span)}</answer>"
     return {"user": "Reports:\n" + "\n".join(reports) + f"\n{q['question']}", "answer": answer, "question": q,
             "hits": [hits[0], hits[-1]]}
@@ -268,8 +273,9 @@ def reading_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
     at chance (docs/RESULTS.md, session 10)."""
     r = py_rng(cfg.seed, "reading-rows")
     rows, j = [], 0
-    system = system_prompt(cfg.system_mode) if cfg.reading_format != "user" else None
-    prefix = system_prompt(cfg.system_mode) if cfg.reading_system_frac else None
+    prompt = system_prompt(cfg.system_mode)
+    system = prompt if cfg.reading_format != "user" else None  # episode rows
+    prefix = prompt if cfg.reading_system_frac else None  # user rows after the system prompt
     while len(rows) < n:
         ex = lookup_example(cfg, "reading", j, r)
         j += 1
