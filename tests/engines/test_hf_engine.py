@@ -164,3 +164,23 @@ def test_frequency_penalty_breaks_greedy_repetition_and_keeps_raw_logprobs(engin
                               pixel_values=pv, image_grid_thw=grid).logits[0, len(ids) - 1:-1]
     ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(pen.token_ids)[:, None]).squeeze(1)
     assert torch.allclose(ref, torch.tensor(pen.logprobs), atol=1e-4)
+
+
+def test_greedy_tokens_are_the_same_alone_and_in_a_left_padded_batch(engine, tiny, world):
+    """Why the eval's samples in flight do not change its answers: a greedy request yields the same tokens
+    alone and batched with prompts of other lengths and other frames (left padding, per-row positions)."""
+    _, proc = tiny
+    rows, _ = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
+    prompts = [encode_prompt(proc, build_messages(mode, r.question, sample_overview(r.video, k), "v.mp4", 60.0), THINK_PREFIX)
+               for r, k, mode in [(rows[0], 4, "agentic_minimal"), (rows[1], 8, "agentic_general"), (rows[2], 2, "direct")]]
+    assert len({len(ids) for ids, _ in prompts}) == 3  # three lengths: the batch is padded
+    sp = SamplingParams(temperature=0, max_new_tokens=20)
+
+    async def batch():
+        return await asyncio.gather(*[engine.generate(ids, imgs, sp) for ids, imgs in prompts])
+    together = asyncio.run(batch())
+    assert engine.stats["batch_sizes"][-1] == 3
+    alone = [asyncio.run(engine.generate(ids, imgs, sp)) for ids, imgs in prompts]
+    assert engine.stats["batch_sizes"][-1] == 1
+    assert [o.token_ids for o in alone] == [o.token_ids for o in together]
+    assert all(len(o.token_ids) > 0 for o in alone)

@@ -217,3 +217,19 @@ def test_bootstrap_stderr_is_seeded():
     v = [1.0, 0.0] * 50
     assert bootstrap_stderr(v) == bootstrap_stderr(v) and 0.03 < bootstrap_stderr(v) < 0.07  # ~sqrt(.25/100)
     assert bootstrap_stderr([1.0]) == 0.0
+
+
+def test_answers_do_not_depend_on_samples_in_flight(world, tiny_dir, tmp_path):
+    """The quickstart runs its eval with 64 samples in flight so the in-process engine fills its batches; the
+    greedy episodes must be the ones of one at a time (the untrained tiny model seldom calls a tool, so the
+    batching itself is checked on mixed prompts in tests/engines/test_hf_engine.py)."""
+    def run(c):
+        cfg = _cfg(world, tiny_dir, tmp_path / f"c{c}", row="r", concurrency=c, limit=6, max_turns=2,
+                   **{"crop.mode": "subagent", "crop.subagent_temperature": 0.0, "crop.subagent_max_tokens": 16,
+                      "save_trajectory": True})
+        assert Evaluator(cfg).run()["synthetic"]["errors"] == 0
+        rows = [json.loads(x) for x in (tmp_path / f"c{c}/r/image_url/synthetic.jsonl").read_text().splitlines()]
+        return {r["id"]: (r.get("pred"), r["tool_calls"], json.dumps(r["trajectory"]["turns"])) for r in rows}
+
+    one, many = run(1), run(8)
+    assert len(one) == 6 and one == many
