@@ -5,7 +5,8 @@
 # Finished stages are reused on a rerun (delete OUT_DIR to start over).
 #   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
 #   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
-#   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (20), EVAL_LIMIT (120 per cell: every held-out question of the needle world), SEED (0)
+#   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (20), EVAL_LIMIT (120 per cell: every held-out question of the needle world),
+#     EVAL_CONCURRENCY (64 eval samples in flight), SEED (0)
 #   WORLD_PRESET (needle): python -m paravt.data.synthetic --preset (needle: one event per 120 s video, four
 #     30 s crops at 1 fps, answers that copy what the world shows; default: the 1-3 event world of sessions 1-13)
 #   HEAD (trained): the tiny base's lm_head - trained: untied from the input embeddings (rows of norm ~2);
@@ -135,8 +136,9 @@ step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT sam
 # resume=restart: finished samples are reused only if the checkpoint and settings are the same.
 # EVAL_CONCURRENCY (64): samples in flight, so the in-process engine runs full batches (its cap is 32
 # sequences); greedy answers are the same as at the driver's default of 8, a tools cell at K = 4 takes 53 s instead of 120.
-COMMON=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS" "overview=paravt" "resume=restart"
-        "concurrency=${EVAL_CONCURRENCY:-64}" "max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64" "crop.max_frames=$CROP_FRAMES")
+BASE=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS" "overview=paravt" "resume=restart"
+      "concurrency=${EVAL_CONCURRENCY:-64}")
+TOOLS=("max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64" "crop.max_frames=$CROP_FRAMES")
 : > "$OUT/eval.log"
 evalrow() {  # one eval cell; its full log goes to eval.log, one progress line to the console
   local row="$1"; shift
@@ -151,10 +153,10 @@ print(f"score {100 * s['score']:5.1f}  compliance {100 * s['format_compliance']:
 PY
 }
 for K in 4 64; do
-  evalrow "sft-notool-K$K" model="$OUT/sft/final" nframes=$K max_turns=0 "${COMMON[@]:0:7}"
-  evalrow "sft-tool-K$K" model="$OUT/sft/final" nframes=$K "${COMMON[@]}"
-  evalrow "vanilla-tool-K$K" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${COMMON[@]}"
-  evalrow "paragrpo-tool-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${COMMON[@]}" save_trajectory=true trajectory_thumbnails=48
+  evalrow "sft-notool-K$K" model="$OUT/sft/final" nframes=$K max_turns=0 "${BASE[@]}"
+  evalrow "sft-tool-K$K" model="$OUT/sft/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}"
+  evalrow "vanilla-tool-K$K" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${BASE[@]}" "${TOOLS[@]}"
+  evalrow "paragrpo-tool-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}" save_trajectory=true trajectory_thumbnails=48
 done
 # The trajectory viewer: every PARA-GRPO eval episode (K = 4 and 64) on one static page.
 python -m paravt.viz "$OUT"/eval/paragrpo-tool-K*/image_url/synthetic.jsonl -o "$OUT/viewer_eval.html" \
