@@ -2,7 +2,13 @@
 # PARA-GRPO RL.  bash scripts/run_rl.sh [RECIPE.yaml] [key=value ...]
 #   GPU node (8 GPUs): bash scripts/run_rl.sh configs/rl/paragrpo_8b.yaml
 #       the recipe's rollout.server.gpus (default [7]) run SGLang; the other GPUs train (FSDP2).
+#       rollout.engine=vllm rollout.vllm.gpus=[6,7] rollout.replicas=2: two vLLM rollout servers instead.
+#   multi-node: on every node NNODES=2 NODE_RANK=<0|1> MASTER_ADDR=host0 MASTER_PORT=29500 bash scripts/run_rl.sh
+#       RECIPE rollout.urls=[http://rollhost:30000] rollout.replicas=0 ...: trainer ranks on all nodes, rank 0
+#       drives the rollout servers (launched on its node, or running elsewhere and reached by URL; they read
+#       each weight export from output_dir, so it must be on a filesystem they share).
 #   CPU: bash scripts/run_rl.sh configs/rl/tiny.yaml            (NPROC=2 for two gloo trainer processes)
+#        bash scripts/run_rl.sh configs/rl/tiny_vllm.yaml       (a real vLLM rollout server, .venv-vllm)
 # torchrun restarts crashed workers (MAX_RESTARTS, default 3); resume=auto continues from the
 # newest complete checkpoint, so only the step in flight is lost. Bad input (config, files, rows) is
 # caught by a preflight before torchrun: one line, exit 2, never retried. Workers die with torchrun
@@ -27,7 +33,8 @@ try:
 except (DataError, ValueError) as exc:
     print(f"run_rl.sh: {' '.join(str(exc).split())}", file=sys.stderr)
     sys.exit(2)
-gpus = cfg.rollout.server.gpus if cfg.rollout.engine == "sglang" else []
+r = cfg.rollout
+gpus = {"sglang": r.server.gpus, "vllm": r.vllm.gpus}.get(r.engine, []) if r.replicas else []
 print(torch.cuda.device_count(), ",".join(map(str, gpus)) or "-")
 PY
 )" || exit $?
@@ -37,8 +44,18 @@ if [[ "$NGPU" -gt 0 ]]; then
   TRAIN_GPUS=$(python -c "import sys; r=set('$ROLLOUT_GPUS'.split(',')) if '$ROLLOUT_GPUS'!='-' else set(); print(','.join(str(i) for i in range($NGPU) if str(i) not in r))")
   NPROC="${NPROC:-$(awk -F, '{print NF}' <<<"$TRAIN_GPUS")}"
   # the SGLang server is launched by rank 0 with its own CUDA_VISIBLE_DEVICES (rollout.server.gpus)
-  exec env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun --standalone --max-restarts="$MAX_RESTARTS" \
-    --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
+  if [[ "${NNODES:-1}" == 1 ]]; then
+    exec env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun --standalone --max-restarts="$MAX_RESTARTS" \
+      --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
+  fi
+  exec env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" \
+    --nproc_per_node="$NPROC" --master_addr="${MASTER_ADDR:?set MASTER_ADDR}" --master_port="${MASTER_PORT:-29500}" \
+    --max-restarts="$MAX_RESTARTS" -m paravt.rl.train "$RECIPE" "$@"
 fi
 NPROC="${NPROC:-1}"
-exec torchrun --standalone --max-restarts="$MAX_RESTARTS" --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
+if [[ "${NNODES:-1}" == 1 ]]; then
+  exec torchrun --standalone --max-restarts="$MAX_RESTARTS" --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
+fi
+exec torchrun --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" --nproc_per_node="$NPROC" \
+  --master_addr="${MASTER_ADDR:?set MASTER_ADDR}" --master_port="${MASTER_PORT:-29500}" \
+  --max-restarts="$MAX_RESTARTS" -m paravt.rl.train "$RECIPE" "$@"

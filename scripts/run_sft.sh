@@ -9,6 +9,19 @@ source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" sft  # sets PARAVT_ROOT, the 
 cd "$PARAVT_ROOT"
 script_help "${BASH_SOURCE[0]}" paravt.sft.train "$@"
 RECIPE="${1:-configs/sft/tiny.yaml}"; shift || true
+# Preflight, once, before torchrun: the config and the files it names (model, shards, resume, output
+# dir); a problem is one line and exit 2, never a torchrun failure report per rank.
+python - "$RECIPE" "$@" <<'PY' || exit $?
+import sys
+from paravt.core.config import parse_cli
+from paravt.sft.config import SFTConfig
+cfg = parse_cli(SFTConfig, sys.argv[1:], "run_sft.sh")
+try:
+    cfg.check_inputs()
+except ValueError as exc:
+    print(f"run_sft.sh: {' '.join(str(exc).split())}", file=sys.stderr)
+    sys.exit(2)
+PY
 if [[ -z "${NPROC:-}" ]]; then
   NPROC=$(python -c 'import torch; print(torch.cuda.device_count() or 1)')
 fi

@@ -254,7 +254,7 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
             if res.subagent is not None:
                 traj.subagents.append(res.subagent)
         responses: list[dict[str, Any]] = [{"role": "tool", "content": r.content} for r in results]
-        responses += [{"role": "tool", "content": prompts.tool_error_text(f"could not parse the call: {e}")}
+        responses += [{"role": "tool", "content": prompts.parse_error_text(e)}
                       for e in errors]
 
         # 5. Tool responses as one user turn, in call order; then the next generation prompt.

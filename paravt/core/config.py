@@ -202,3 +202,32 @@ def require(cfg: Any, **messages: str) -> None:
     for name, message in messages.items():
         if getattr(cfg, name) in ("", "???", None) or getattr(cfg, name) == []:
             raise ValueError(message)
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """``org/name`` (one slash, no leading ``/ . ~``): a Hugging Face repository id, not a path."""
+    return name.count("/") == 1 and not name.startswith(("/", ".", "~")) and all(name.split("/"))
+
+
+def check_run_paths(model_path: str | None = None, output_dir: str | None = None, resume: str | None = None,
+                    model_key: str = "model_path") -> None:
+    """The paths a training or eval run is handed, checked before any model loads (ValueError, one line):
+    the model is a directory (or a Hub id), the output directory is not a file, and an explicit
+    ``resume`` checkpoint exists and is complete."""
+    if model_path is not None and model_path not in ("", "???"):
+        p = Path(model_path).expanduser()
+        if not p.exists() and not looks_like_hub_id(model_path):
+            raise ValueError(f"{model_key}: no such directory {model_path} (a save_pretrained directory or a Hub id "
+                             "org/name)")
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"{model_key}: {model_path} is a file, not a save_pretrained directory")
+    if output_dir:
+        o = Path(output_dir).expanduser()
+        if o.exists() and not o.is_dir():
+            raise ValueError(f"output_dir: {output_dir} exists and is a file, not a directory")
+    if resume not in (None, "", "auto", "never"):
+        r = Path(resume).expanduser()
+        if not r.is_dir():
+            raise ValueError(f"resume: no such checkpoint directory {resume} (auto | never | a checkpoints/step_N dir)")
+        if not (r / "COMPLETE").exists():
+            raise ValueError(f"resume: {resume} is not a complete checkpoint (no COMPLETE marker: the save was cut)")

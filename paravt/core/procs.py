@@ -27,13 +27,17 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
         return False
     import ctypes  # noqa: PLC0415
 
+    parent = os.getppid()  # recorded before the call: PID 1 is a live parent in a container
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() == 1:  # the parent died before the call: follow it now
+    # The parent died between our start and the call (we were re-parented): follow it now. Comparing
+    # with PID 1 instead would kill every worker whose launcher *is* PID 1 (torchrun as a container's
+    # entrypoint, `docker run ... bash scripts/run_rl.sh`, Kubernetes pods).
+    if os.getppid() != parent:
         os.kill(os.getpid(), sig)
     return True
 

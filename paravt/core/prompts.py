@@ -165,5 +165,10 @@ def tool_error_text(message: str) -> str:
     return f"[Error: crop_video failed: {message}]"
 
 
+def parse_error_text(message: str) -> str:
+    """What the model reads for a call block that does not parse: no tool ran, so no tool is named."""
+    return f"[Error: the tool call could not be parsed: {message}]"
+
+
 def truncate_note(text: str) -> str:
     return text.rstrip() + " [truncated]"

@@ -69,6 +69,13 @@ class ParseResult:
 MAX_BLOCK_CHARS = 4096  # a longer call block is an error, not parsed (bounds the regex work on degenerate text)
 
 
+def _too_long(tag: str, body: str) -> str:
+    """The error of a call block over MAX_BLOCK_CHARS, naming a runaway number when there is one."""
+    run = max((len(m) for m in re.findall(r"\d+", body)), default=0)
+    why = f"a number of {run} digits" if run > 64 else f"{len(body)} characters"
+    return f"<{tag}> block too long ({why}; max {MAX_BLOCK_CHARS} characters): {_short(body)}"
+
+
 def parse_time(value: Any) -> Any:
     """Float seconds from a number or a time string; the value unchanged when not a time. A number
     that is not a finite float (NaN, ±Infinity, 1e309, a 400-digit integer) becomes its text, so
@@ -150,7 +157,7 @@ def _parse_json_blocks(text: str, result: ParseResult) -> None:
             result.errors.append("empty <tool_call> block")
             continue
         if len(body) > MAX_BLOCK_CHARS:
-            result.errors.append(f"<tool_call> block of {len(body)} characters (max {MAX_BLOCK_CHARS}): {_short(body)}")
+            result.errors.append(_too_long("tool_call", body))
             continue
         body = re.sub(r"^```(?:json)?\s*|\s*```$", "", body)
         try:
@@ -232,7 +239,7 @@ def _parse_code_blocks(text: str, result: ParseResult) -> None:
             result.errors.append("empty <tool_code> block")
             continue
         if len(body) > MAX_BLOCK_CHARS:
-            result.errors.append(f"<tool_code> block of {len(body)} characters (max {MAX_BLOCK_CHARS}): {_short(body)}")
+            result.errors.append(_too_long("tool_code", body))
             continue
         try:
             result.calls.append(_parse_python_call(body))
@@ -253,7 +260,7 @@ def _parse_zoom_blocks(text: str, result: ParseResult) -> None:
     for m in _VIDEO_ZOOM_RE.finditer(text):
         body = m.group(1).strip()
         if len(body) > MAX_BLOCK_CHARS:
-            result.errors.append(f"<video_zoom> block of {len(body)} characters (max {MAX_BLOCK_CHARS}): {_short(body)}")
+            result.errors.append(_too_long("video_zoom", body))
             continue
         try:
             start = end = None

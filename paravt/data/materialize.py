@@ -166,7 +166,10 @@ def materialize(root: str | Path, parquet_dir: str | Path, output_dir: str | Pat
     output_dir.mkdir(parents=True, exist_ok=True)
     m = Materializer(root)
     for f in files:
-        table = pq.read_table(f)
+        try:
+            table = pq.read_table(f)
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"{f}: not a readable parquet ({' '.join(str(exc).split())[:200]})") from None
         out = m.table(table)
         tmp = output_dir / (f.name + ".tmp")
         pq.write_table(out, tmp)
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         report = materialize(a.root, a.parquet_dir, a.output_dir, a.pattern)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except LookupError as exc:

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 
 import pyarrow.parquet as pq
 
-from paravt.core.scoring import QUESTION_TYPES
+from paravt.core.scoring import QUESTION_TYPES, parse_gold_span
 from paravt.core.video import local_path
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,15 @@ class RLRow:
             if not isinstance(ans, str):
                 raise RowError(f"{where}: a tvg answer must be a [start, end] span, got {ans!r}",
                                "answer has a wrong type")
+            try:  # a span written as text ("[12.0, 30.5]", "12.0 - 30.5 seconds") must parse as one
+                parse_gold_span(_maybe_json(ans, "answer", where) if ans.lstrip().startswith("[") else ans)
+            except (ValueError, TypeError, RowError):
+                raise RowError(f"{where}: a tvg answer must be a [start, end] span, got {ans[:80]!r}",
+                               "tvg answer is not a span") from None
+        dur = extra.get("duration")
+        if dur is not None and (isinstance(dur, bool) or not isinstance(dur, (int, float)) or not dur > 0):
+            raise RowError(f"{where}: extra_info.duration must be a positive number of seconds, got {dur!r}",
+                           "duration is not a number")
         extra["question_type"] = qt
         videos = _videos(rec.get("videos"), where)
         if not videos:

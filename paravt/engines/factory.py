@@ -7,61 +7,86 @@ kind           engine
 =============  ==========================================================================
 ``hf``         :class:`~paravt.engines.hf.HFEngine` in this process (the embedded default)
 ``hf_server``  ``python -m paravt.engines.hf_server`` on a free localhost port (CPU/GPU), SGLang API
-``sglang``     ``sglang.launch_server`` on the GPUs of ``server`` (:class:`SGLangServerConfig`)
+``sglang``     ``sglang.launch_server`` on the GPUs of ``server`` (:class:`SGLangServerConfig`),
+               and/or SGLang servers already running at ``urls``
+``vllm``       vLLM rollout servers (tokens endpoint, :class:`~paravt.engines.vllm.VLLMEngine`)
+               launched from ``server`` (:class:`~paravt.engines.vllm.VLLMServerConfig`) and/or at ``urls``
 ``remote``     an SGLang-API server already running at ``url``
 ``openai``     an OpenAI-compatible chat server at ``url``, or launched from ``server`` (eval):
                SGLang (:class:`SGLangServerConfig`) or vLLM (:class:`~paravt.engines.vllm.VLLMServerConfig`)
 =============  ==========================================================================
+
+Token kinds with more than one server (``replicas`` launched, plus ``urls``) are one
+:class:`~paravt.engines.pool.EnginePool`: requests to the least loaded server, weights to all.
+Every server this process launches dies with it (``PR_SET_PDEATHSIG``), kill -9 included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paravt.engines.base import EngineError
 from paravt.engines.http import wait_healthy
 
-KINDS = ("hf", "hf_server", "sglang", "remote", "openai")
+KINDS = ("hf", "hf_server", "sglang", "vllm", "remote", "openai")
 
 
 @dataclass
 class EngineHandle:
-    """A built engine plus whatever process serves it."""
+    """A built engine plus whatever processes serve it."""
 
     kind: str
-    engine: Any  # InferenceEngine (token engines) or ChatEngine (openai)
+    engine: Any  # InferenceEngine (token engines, an EnginePool for several servers) or ChatEngine (openai)
     url: str | None = None
-    processes: list[Any] = field(default_factory=list)  # subprocess.Popen | SGLangServer
+    processes: list[Any] = field(default_factory=list)  # subprocess.Popen | SGLangServer | VLLMServer
     image_token_id: int | None = None
+    urls: list[str] = field(default_factory=list)  # every server behind the engine (weights go to each)
+    model_name: str | None = None  # the name vLLM requests must send
+
+    def __post_init__(self):
+        if not self.urls and self.url:
+            self.urls = [self.url]
 
     def push_weights(self, source: Any, version: int) -> None:
         """Load new weights (a state dict for ``hf``, a checkpoint directory for servers) and tag
-        them ``version``. Synchronous and safe to call from a thread other than the one driving
-        rollouts: servers get a short-lived control client with its own HTTP session."""
+        them ``version``, on every server at once. Synchronous and safe to call from a thread other
+        than the one driving rollouts: each server gets a short-lived control client with its own
+        HTTP session."""
         if self.kind == "hf":
             asyncio.run(self.engine.update_weights(source, version))
             return
-        control = self.control_client()
+        controls = [self.control_client(u) for u in self.urls]
 
         async def push() -> None:
             try:
-                await control.update_weights(str(source), version)
+                await asyncio.gather(*(c.update_weights(str(source), version) for c in controls))
+                if self.kind == "vllm":  # every server says it holds the version just pushed
+                    held = await asyncio.gather(*(c.server_version() for c in controls))
+                    if any(v != version for v in held):
+                        raise EngineError(f"after pushing version {version} the servers hold {dict(zip(self.urls, held))}")
             finally:
-                await control.close()
+                await asyncio.gather(*(c.close() for c in controls), return_exceptions=True)
 
         asyncio.run(push())
         self.engine.weight_version = version
 
-    def control_client(self):
+    def control_client(self, url: str | None = None):
+        url = url or self.url
+        if url is None:
+            raise ValueError(f"engine kind {self.kind!r} has no server to control")
+        if self.kind == "vllm":
+            from paravt.engines.vllm import VLLMEngine  # noqa: PLC0415
+
+            return VLLMEngine(url, model=self.model_name, image_token_id=self.image_token_id, max_retries=1)
         from paravt.engines.sglang import SGLangEngine  # noqa: PLC0415
 
-        if self.url is None:
-            raise ValueError(f"engine kind {self.kind!r} has no server to control")
-        return SGLangEngine(self.url, image_token_id=self.image_token_id)
+        return SGLangEngine(url, image_token_id=self.image_token_id)
 
     async def aclose(self) -> None:
         """Close the client (call on the event loop that used it)."""
@@ -85,6 +110,25 @@ class EngineHandle:
         self.processes = []
 
 
+def replica_configs(server: Any, replicas: int, model: str) -> list[Any]:
+    """``replicas`` copies of a server config: ports ``port, port+1, ...``, the GPUs split in order
+    (``tp_size`` each), a log file each. On CPU (no GPUs) every replica shares the machine."""
+    out = []
+    gpus = list(getattr(server, "gpus", []) or [])
+    tp = getattr(server, "tp_size", 1)
+    if gpus and len(gpus) < replicas * tp:
+        raise ValueError(f"{replicas} server replica(s) x tp_size {tp} need {replicas * tp} GPUs, got {gpus}")
+    for i in range(replicas):
+        kw: dict[str, Any] = {"model_path": str(model), "port": server.port + i}
+        if gpus:
+            kw["gpus"] = gpus[i * tp:(i + 1) * tp]
+        if server.log_file and replicas > 1:
+            p = Path(server.log_file)
+            kw["log_file"] = str(p.with_name(f"{p.stem}_{i}{p.suffix}"))
+        out.append(dataclasses.replace(server, **kw))
+    return out
+
+
 def start_hf_server(model: str, dtype: str = "float32", port: int | None = None,
                     log_file: str | Path | None = None, timeout_s: float = 300.0) -> tuple[subprocess.Popen, str]:
     """``python -m paravt.engines.hf_server`` on localhost; returns (process, url) once healthy."""
@@ -92,8 +136,11 @@ def start_hf_server(model: str, dtype: str = "float32", port: int | None = None,
 
     port = port or free_port()
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
+    from paravt.core.procs import preexec_die_with_parent  # noqa: PLC0415
+
     proc = subprocess.Popen([sys.executable, "-m", "paravt.engines.hf_server", "--model", str(model),
-                             "--port", str(port), "--dtype", dtype], stdout=out, stderr=subprocess.STDOUT)
+                             "--port", str(port), "--dtype", dtype], stdout=out, stderr=subprocess.STDOUT,
+                            preexec_fn=preexec_die_with_parent)
     if log_file:
         out.close()  # the child holds its own descriptor
     url = f"http://127.0.0.1:{port}"
@@ -111,38 +158,63 @@ def start_hf_server(model: str, dtype: str = "float32", port: int | None = None,
 
 def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32", seed: int = 0,
                  batch_wait_s: float = 0.03, url: str | None = None, server=None, model_name: str | None = None,
-                 max_retries: int = 3, log_file: str | Path | None = None) -> EngineHandle:
+                 max_retries: int = 3, log_file: str | Path | None = None, urls: list[str] | None = None,
+                 replicas: int = 1, weight_version: int = 0) -> EngineHandle:
     """Build (and, for server kinds, launch and health-check) the engine ``kind`` for ``model``.
 
     ``processor`` supplies the tokenizer ids token engines need (image pad, banned vision
     tokens); ``server`` is an :class:`~paravt.engines.sglang.SGLangServerConfig` (or, for
-    ``openai``, a :class:`~paravt.engines.vllm.VLLMServerConfig`) whose ``model_path`` is set to ``model``."""
+    ``openai`` and ``vllm``, a :class:`~paravt.engines.vllm.VLLMServerConfig`) whose ``model_path`` is
+    set to ``model``; ``replicas`` copies of it are launched (token kinds). ``urls`` are token servers
+    already running (``sglang``/``vllm``), used beside the launched ones. ``weight_version`` is the
+    policy version the served weights are (a resumed run's step)."""
     if kind not in KINDS:
         raise ValueError(f"engine kind must be one of {KINDS}, got {kind!r}")
     if kind == "hf":
         from paravt.engines.hf import HFEngine  # noqa: PLC0415
 
         return EngineHandle(kind, HFEngine.from_pretrained(model, dtype=dtype, batch_wait_s=batch_wait_s, seed=seed))
-    procs: list[Any] = []
-    if kind in ("sglang", "openai") and server is not None:
-        from paravt.engines.sglang import SGLangServer  # noqa: PLC0415
-        from paravt.engines.vllm import VLLMServer, VLLMServerConfig  # noqa: PLC0415
+    from paravt.engines.sglang import SGLangServer  # noqa: PLC0415
+    from paravt.engines.vllm import VLLMServer, VLLMServerConfig  # noqa: PLC0415
 
-        if isinstance(server, VLLMServerConfig) and kind != "openai":
-            raise ValueError("a vLLM server is an OpenAI-compatible chat server: use kind='openai'")
-        server.model_path = str(model)
-        procs.append((VLLMServer if isinstance(server, VLLMServerConfig) else SGLangServer)(server).start())
-        url = server.url
-    elif kind == "hf_server":
-        proc, url = start_hf_server(model, dtype, log_file=log_file)
-        procs.append(proc)
-    if not url:
-        raise ValueError(f"engine kind {kind!r} needs url= (or server= to launch one)")
+    procs: list[Any] = []
+    launched: list[tuple[str, Any]] = []  # (url, server process object)
+    try:
+        if kind in ("sglang", "openai", "vllm") and server is not None:
+            if isinstance(server, VLLMServerConfig) and kind not in ("openai", "vllm"):
+                raise ValueError("a vLLM server serves kind='openai' (chat) or kind='vllm' (tokens)")
+            if kind == "vllm" and not isinstance(server, VLLMServerConfig):
+                raise ValueError("kind='vllm' launches a VLLMServerConfig")
+            n = replicas if kind in ("sglang", "vllm") else 1
+            for cfg in replica_configs(server, n, model):
+                if kind == "vllm":
+                    cfg = dataclasses.replace(cfg, rollout=True)
+                srv = (VLLMServer if isinstance(cfg, VLLMServerConfig) else SGLangServer)(cfg)
+                procs.append(srv)  # stopped by the except below if a later one fails to start
+                srv.start()
+                launched.append((cfg.url, srv))
+            url = url or (launched[0][0] if launched else None)
+        elif kind == "hf_server":
+            proc, url = start_hf_server(model, dtype, log_file=log_file)
+            procs.append(proc)
+            launched.append((url, None))
+    except BaseException:
+        EngineHandle(kind, None, processes=procs).stop()
+        raise
     if kind == "openai":
+        if not url:
+            raise ValueError("engine kind 'openai' needs url= (or server= to launch one)")
         from paravt.engines.openai import OpenAIEngine  # noqa: PLC0415
 
         return EngineHandle(kind, OpenAIEngine(url, model=model_name, max_retries=max_retries), url, procs)
-    from paravt.engines.sglang import SGLangEngine, SGLangServer  # noqa: PLC0415
+    servers = launched + [(u.rstrip("/"), None) for u in (urls or [])]
+    if url and kind == "remote":
+        servers = [(url.rstrip("/"), None)]
+    if not servers:
+        raise ValueError(f"engine kind {kind!r} needs url=/urls= (or server= to launch one)")
+    from paravt.engines.pool import EnginePool  # noqa: PLC0415
+    from paravt.engines.sglang import SGLangEngine  # noqa: PLC0415
+    from paravt.engines.vllm import VLLMEngine  # noqa: PLC0415
     from paravt.models.tokenize import image_pad_id, vision_token_ids  # noqa: PLC0415
 
     if processor is None:
@@ -150,7 +222,16 @@ def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32
 
         processor = load_processor(model)
     pad = image_pad_id(processor.tokenizer)
-    watched = next((p for p in procs if isinstance(p, SGLangServer)), None)
-    engine = SGLangEngine(url, server=watched, banned_token_ids=vision_token_ids(processor.tokenizer),
-                          image_token_id=pad, max_retries=max_retries)
-    return EngineHandle(kind, engine, url, procs, pad)
+    banned = vision_token_ids(processor.tokenizer)
+    name = (server.served_model_name if isinstance(server, VLLMServerConfig) else None) or model_name
+    engines = []
+    for u, srv in servers:
+        if kind == "vllm":
+            engines.append(VLLMEngine(u, server=srv, model=name, banned_token_ids=banned, image_token_id=pad,
+                                      max_retries=max_retries, weight_version=weight_version))
+        else:
+            engines.append(SGLangEngine(u, server=srv if isinstance(srv, SGLangServer) else None,
+                                        banned_token_ids=banned, image_token_id=pad, max_retries=max_retries))
+            engines[-1].weight_version = weight_version
+    engine = engines[0] if len(engines) == 1 else EnginePool(engines)
+    return EngineHandle(kind, engine, servers[0][0], procs, pad, urls=[u for u, _ in servers], model_name=name)

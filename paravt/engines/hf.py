@@ -274,8 +274,12 @@ class HFEngine(InferenceEngine):
             if finish == "length" and stopper.done_at[i] is not None and stopper.done_at[i] < r.params.max_new_tokens:
                 finish = "stop"  # a stop string
             temp = r.params.temperature if r.params.temperature > 0 else 1.0
-            if toks:
-                lp = torch.log_softmax(logits[i, : len(toks)] / temp, dim=-1)
+            if toks:  # the distribution sampled from: vision placeholders excluded, as the trainer scores it
+                lg = logits[i, : len(toks)] / temp
+                if self.banned_ids:
+                    lg = lg.clone()
+                    lg[:, self.banned_ids] = float("-inf")
+                lp = torch.log_softmax(lg, dim=-1)
                 lps = lp.gather(1, torch.tensor(toks).unsqueeze(1)).squeeze(1).tolist()
             else:
                 lps = []

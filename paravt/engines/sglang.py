@@ -131,7 +131,12 @@ class SGLangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         log.info("starting %s: %s (GPUs %s)", self.name, " ".join(argv), extra_env.get("CUDA_VISIBLE_DEVICES"))
-        self.proc = subprocess.Popen(argv, env={**os.environ, **extra_env}, stdout=self._log, stderr=subprocess.STDOUT)
+        from paravt.core.procs import preexec_die_with_parent  # noqa: PLC0415
+
+        # The server dies with the process that launched it (SIGTERM on its death, kill -9 included): it
+        # never outlives a killed trainer or eval holding its port and GPU.
+        self.proc = subprocess.Popen(argv, env={**os.environ, **extra_env}, stdout=self._log, stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec_die_with_parent)
         try:
             self.wait_healthy()
         except BaseException:

@@ -30,12 +30,13 @@ from typing import Any
 
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
 from paravt.agent.tools import CropConfig
-from paravt.core.config import parse_cli
-from paravt.core.metrics import append_jsonl, read_jsonl
+from paravt.core.config import check_run_paths, parse_cli
+from paravt.core.metrics import append_jsonl, json_line, read_jsonl
 from paravt.core.prompts import AGENTIC_MODES
 from paravt.core.scoring import episode_well_formed, extract_mcq_letter, recall_at
 from paravt.core.scoring import score as score_completion
 from paravt.engines.factory import build_engine
+from paravt.data.schema import DataError
 from paravt.eval.judge import MCQJudge, MCQJudgeConfig
 from paravt.eval.splits import HUB_IDS, SPLITS, EvalSample, LoadReport, count_check, load_split, read_srt, splits_table
 
@@ -209,8 +210,9 @@ class EvalConfig:
     limit: int | None = None  # first N samples of each split (null: all)
     save_trajectory: bool = False  # keep every turn in the JSONL (frames replaced by a note)
     trajectory_thumbnails: int = 0  # with save_trajectory: keep the overview frames as JPEG thumbnails of this size (px)
-    # Lost samples (an engine, server, video or tool failure; not the model's own bad answers or calls)
-    # allowed per split before the run exits non-zero: 0.0 = any lost sample fails the run.
+    # Lost samples (a missing video; an engine, server, video or tool failure; not the model's own bad
+    # answers or calls) allowed per split before the run exits non-zero: 0.0 = any lost sample fails the
+    # run. Lost samples are retried on resume and count as wrong in the headline accuracy.
     max_error_fraction: float = 0.0
     # Optional LLM-judge fallback for MCQ replies with no extractable letter: reported as
     # accuracy_with_judge beside the strict accuracy, never in place of it (paravt.eval.judge).
@@ -257,6 +259,12 @@ class EvalConfig:
         if unknown:
             raise ValueError(f"unknown splits {unknown}; known: {sorted(SPLITS)} or the Hub ids {sorted(HUB_IDS)}")
         self.splits = list(dict.fromkeys(HUB_IDS.get(s, s) for s in self.splits))  # a Hub id names its split
+
+    def check_inputs(self) -> None:
+        """The model directory this run reads exists (checked at start, not in ``__post_init__``, so a
+        config can be built on a machine without the model)."""
+        if self.backend == "hf" or self.server.launch != "none":  # the model is read from disk here
+            check_run_paths(self.model, model_key="model")
 
     @classmethod
     def help_epilogue(cls) -> str:
@@ -316,30 +324,43 @@ def score(sample: EvalSample, completion: str) -> dict[str, Any]:
 
 
 def summarize(records: list[dict[str, Any]], metric: str = "accuracy") -> dict[str, Any]:
-    done = [r for r in records if not r.get("missing_video") and not r.get("error")]  # lost samples are not scored
+    """A split's summary. Samples that did not run (video missing, engine/server/tool failure) are
+    **lost**: the headline numbers (``accuracy``, ``mIoU``, ``score``) count them as wrong, over every
+    sample, as the paper's tables do; ``*_ran`` are the same numbers over the samples that ran."""
+    done = [r for r in records if not r.get("missing_video") and not r.get("error")]
     n = len(done)
     out: dict[str, Any] = {"n": len(records), "evaluated": n,
                            "missing_video": sum(bool(r.get("missing_video")) for r in records),
                            "errors": sum(bool(r.get("error")) for r in records)}
-    if out["errors"]:
-        out["first_error"] = next(str(r["error"]) for r in records if r.get("error"))[:500]
+    out["lost"] = len(records) - n
+    lost = [r for r in records if r.get("missing_video") or r.get("error")]
+    if lost:
+        r0 = lost[0]
+        out["first_error"] = (str(r0["error"]) if r0.get("error") else f"video not found: {r0['missing_video']}")[:500]
     cls = [r for r in done if r["question_type"] != "tvg"]
     tvg = [r for r in done if r["question_type"] == "tvg"]
+    n_cls_all = sum(r["question_type"] != "tvg" for r in records)
+    n_tvg_all = sum(r["question_type"] == "tvg" for r in records)
     if cls:
-        out["accuracy"] = sum(r["correct"] for r in cls) / len(cls)
-        n_cls_all = sum(r["question_type"] != "tvg" for r in records)
-        out["accuracy_missing_as_wrong"] = sum(r["correct"] for r in cls) / max(n_cls_all, 1)
+        out["accuracy_ran"] = sum(r["correct"] for r in cls) / len(cls)
+        out["accuracy"] = sum(r["correct"] for r in cls) / n_cls_all
         judged = [r for r in cls if "judge_correct" in r or "judge_error" in r]
         if judged:  # the judge fallback, beside the strict score (paravt.eval.judge)
             out["judge"] = {"consulted": len(judged), "chose_letter": sum(bool(r.get("judge_pred")) for r in judged),
                             "chose_none": sum(r.get("judge_pred") == "" for r in judged),
                             "errors": sum("judge_error" in r for r in judged)}
-            out["accuracy_with_judge"] = sum(r["correct"] or r.get("judge_correct", 0.0) for r in cls) / len(cls)
+            out["accuracy_with_judge"] = sum(r["correct"] or r.get("judge_correct", 0.0) for r in cls) / n_cls_all
+    elif n_cls_all:
+        out["accuracy"] = 0.0
     if tvg:
         ious = [r["iou"] for r in tvg]
-        out["mIoU"] = sum(ious) / len(ious)
-        out.update(recall_at(ious))
-    out["score"] = sum(r["score"] for r in done) / n if n else 0.0
+        out["mIoU_ran"] = sum(ious) / len(ious)
+        out["mIoU"] = sum(ious) / n_tvg_all
+        out.update(recall_at(ious + [0.0] * (n_tvg_all - len(ious))))
+    elif n_tvg_all:
+        out["mIoU"] = 0.0
+    out["score_ran"] = sum(r["score"] for r in done) / n if n else 0.0
+    out["score"] = sum(r["score"] for r in done) / len(records) if records else 0.0
     out["avg_tool_calls"] = sum(r["tool_calls"] for r in done) / n if n else 0.0
     out["tool_usage_rate"] = sum(r["tool_calls"] > 0 for r in done) / n if n else 0.0
     out["format_compliance"] = sum(r.get("well_formed", False) for r in done) / n if n else 0.0
@@ -539,16 +560,18 @@ class Evaluator:
         run_config = self._check_resume(split, out_jsonl)
         done: dict[str, dict] = {}
         if out_jsonl.exists():
-            with open(out_jsonl, "rb+") as f:  # a line cut by a kill: never glue the next record to it
-                if f.seek(0, os.SEEK_END) and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
-                    f.write(b"\n")
-            # a torn line is dropped (with a warning): that sample is redone
+            # a torn line (a kill mid-write) is dropped with a warning: that sample is redone
             done.update({r["id"]: r for r in read_jsonl(out_jsonl) if isinstance(r, dict) and "id" in r})
-            retry = [k for k, r in done.items() if r.get("error")]
-            for k in retry:  # samples lost to a server or tool failure are tried again
+            retry = [k for k, r in done.items() if r.get("error") or r.get("missing_video")]
+            for k in retry:  # samples lost to a server, a tool or a missing video are tried again
                 del done[k]
+            # The file is rewritten with the kept records only (atomically): no torn line or stale
+            # failure record stays in it, and each sample has one line.
+            tmp = out_jsonl.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json_line(r) for r in done.values()))
+            os.replace(tmp, out_jsonl)
             if retry:
-                print(f"[eval] {split}: retrying {len(retry)} sample(s) that failed in an earlier run", flush=True)
+                print(f"[eval] {split}: retrying {len(retry)} sample(s) lost in an earlier run", flush=True)
         todo = [(i, s) for i, s in enumerate(samples) if s.id not in done]
         cache = OverviewCache(max_items=64)
         sem = asyncio.Semaphore(cfg.concurrency)
@@ -572,9 +595,11 @@ class Evaluator:
         summary.update({"split": split, "row": cfg.row, "channel": cfg.channel, "prompt_mode": cfg.prompt_mode,
                         "nframes": cfg.nframes, "config": run_config})
         _atomic_json(self.root / f"{split}.json", summary)
-        if summary["errors"]:
-            print(f"[eval] {split}: LOST {summary['errors']} of {summary['n']} samples (engine, server, video or tool "
-                  f"failures; rerun to retry them); first: {summary['first_error']}", file=sys.stderr, flush=True)
+        if summary["lost"]:
+            print(f"[eval] {split}: LOST {summary['lost']} of {summary['n']} samples ({summary['missing_video']} without "
+                  f"their video, {summary['errors']} engine, server, video or tool failures; rerun to retry them; "
+                  f"counted wrong in accuracy/mIoU/score, *_ran exclude them); first: {summary['first_error']}",
+                  file=sys.stderr, flush=True)
         return summary
 
     def run(self) -> dict[str, Any]:
@@ -585,9 +610,9 @@ class Evaluator:
                 results[split] = asyncio.run(self._split_then_close(split))
             except ResumeMismatch:
                 raise
-            except FileNotFoundError as exc:
+            except (FileNotFoundError, DataError) as exc:  # this split cannot run; the others still do
                 log.error("%s", exc)
-                results[split] = {"error": str(exc)}
+                results[split] = {"error": " ".join(str(exc).split())}
             finally:
                 if self.cfg.server.restart_between_datasets and self.cfg.server.launch != "none":
                     self._stop_servers()
@@ -628,11 +653,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = parse_cli(EvalConfig, argv, "python -m paravt.eval.driver")
     try:
+        cfg.check_inputs()
+    except ValueError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    try:
         results = Evaluator(cfg).run()
     except ResumeMismatch as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({k: {m: v.get(m) for m in ("accuracy", "accuracy_with_judge", "mIoU", "avg_tool_calls", "tool_usage_rate", "evaluated",
+    print(json.dumps({k: {m: v.get(m) for m in ("accuracy", "accuracy_ran", "accuracy_with_judge", "mIoU", "mIoU_ran",
+                                              "avg_tool_calls", "tool_usage_rate", "evaluated", "lost",
                                               "missing_video", "errors", "error") if m in v} for k, v in results.items()},
                      indent=2))
     print((Path(cfg.out) / "summary.md").read_text())
@@ -643,15 +674,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def lost_work(results: dict[str, dict[str, Any]], max_error_fraction: float = 0.0) -> list[str]:
-    """One line per split that lost work: it did not run, or more of its samples failed (engine,
-    server, video or tool) than ``max_error_fraction`` allows."""
+    """One line per split that lost work: it did not run, it had no samples, or more of its samples
+    were lost (video missing; engine, server, video or tool failure) than ``max_error_fraction`` allows."""
     out = []
     for split, r in results.items():
         if "n" not in r:
             out.append(f"{split}: did not run: {r.get('error', 'unknown error')}")
-        elif r.get("errors", 0) > max_error_fraction * r["n"]:
-            out.append(f"{split}: {r['errors']} of {r['n']} samples lost (max_error_fraction={max_error_fraction:g}); "
-                       f"first: {r.get('first_error')}")
+        elif r["n"] == 0:
+            out.append(f"{split}: no samples to evaluate")
+        elif r.get("lost", r.get("errors", 0)) > max_error_fraction * r["n"]:
+            out.append(f"{split}: {r.get('lost', r.get('errors', 0))} of {r['n']} samples lost "
+                       f"({r.get('missing_video', 0)} without their video, {r.get('errors', 0)} failed; "
+                       f"max_error_fraction={max_error_fraction:g}); first: {r.get('first_error')}")
     return out
 
 

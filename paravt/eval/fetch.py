@@ -10,7 +10,8 @@ Each split's Hub id and files are those the authors' release loads (``paravt.eva
 gated sets); archives are then extracted to ``$HF_HOME/<media dir>`` (the folder lmms-eval uses,
 ``--media-root`` to change it): zips one by one, split tars (``videos.tar.part.aa``, ``.ab``, ...)
 streamed as one tar without writing the joined file. Extraction is resumable: a member already on
-disk with its size is skipped, each file is written under a temporary name and renamed when
+disk with the same bytes (its size and CRC-32: the zip's own, or the tar member's hashed as it
+streams) is skipped, each file is written under a temporary name and renamed when
 complete, and a finished archive leaves a marker (``.paravt-extracted/<archive>.json``). A member
 whose path would leave the target folder stops the run with its name.
 
@@ -25,9 +26,9 @@ import io
 import json
 import os
 import re
-import shutil
 import sys
 import tarfile
+import zlib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,10 +100,10 @@ def find_archives(snap: Path, patterns: tuple[str, ...] | list[str]) -> list[Arc
         n = p.name
         if n.endswith(".zip"):
             out.append(Archive(n, [p], "zip"))
+        elif n.endswith((".tar", ".tar.gz", ".tgz")):  # a whole archive (x.tar.gz is not part "gz" of x.tar)
+            out.append(Archive(n, [p], "tar"))
         elif (m := _TAR_PART.match(n)) is not None:
             tars.setdefault(m.group("base"), []).append(p)
-        elif n.endswith((".tar", ".tar.gz", ".tgz")):
-            out.append(Archive(n, [p], "tar"))
     out += [Archive(base, sorted(parts, key=lambda q: q.name), "tar") for base, parts in sorted(tars.items())]
     return out
 
@@ -145,12 +146,36 @@ def _target(dest: Path, member: str, archive: str) -> Path:
     return dest / rel
 
 
-def _write(src: IO[bytes], target: Path) -> None:
+def _crc_of(src: IO[bytes]) -> int:
+    crc = 0
+    while chunk := src.read(1 << 20):
+        crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _same_file(target: Path, size: int, crc: int) -> bool:
+    """True when ``target`` already holds these bytes (size, then CRC-32 of its content)."""
+    if not (target.is_file() and target.stat().st_size == size):
+        return False
+    with open(target, "rb") as f:
+        return _crc_of(f) == crc
+
+
+def _write(src: IO[bytes], target: Path, keep_if_crc_differs_from: int | None = None) -> int:
+    """Copy ``src`` to ``target`` through a temporary name; the CRC-32 of what was copied. With
+    ``keep_if_crc_differs_from``, a copy with that CRC is dropped (the target already holds it)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".paravt-part")
+    crc = 0
     with open(tmp, "wb") as out:
-        shutil.copyfileobj(src, out, 1 << 20)
-    os.replace(tmp, target)
+        while chunk := src.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+            out.write(chunk)
+    if keep_if_crc_differs_from is not None and crc == keep_if_crc_differs_from:
+        tmp.unlink()
+    else:
+        os.replace(tmp, target)
+    return crc
 
 
 def extract(a: Archive, dest: Path, progress: bool = True) -> dict[str, int]:
@@ -175,7 +200,7 @@ def extract(a: Archive, dest: Path, progress: bool = True) -> dict[str, int]:
                     if info.is_dir():
                         continue
                     target = _target(dest, info.filename, a.name)
-                    if target.is_file() and target.stat().st_size == info.file_size:
+                    if _same_file(target, info.file_size, info.CRC):  # the archive's own CRC-32
                         counts["skipped"] += 1
                         continue
                     with z.open(info) as src:
@@ -188,12 +213,19 @@ def extract(a: Archive, dest: Path, progress: bool = True) -> dict[str, int]:
                     if not m.isfile():  # folders are made as needed; links are not followed
                         continue
                     target = _target(dest, m.name, a.name)
-                    if target.is_file() and target.stat().st_size == m.size:
-                        counts["skipped"] += 1
-                        continue
                     src = tf.extractfile(m)
                     assert src is not None
-                    _write(src, target)
+                    if target.is_file() and target.stat().st_size == m.size:
+                        # tar keeps no checksum of the content: the member (read through anyway, the
+                        # stream is sequential) is written aside while hashed, and kept only when it
+                        # differs from the file on disk
+                        with open(target, "rb") as f:
+                            have = _crc_of(f)
+                        if _write(src, target, keep_if_crc_differs_from=have) == have:
+                            counts["skipped"] += 1
+                            continue
+                    else:
+                        _write(src, target)
                     counts["written"] += 1
     finally:
         bar.close()

@@ -39,18 +39,38 @@ class MCQJudgeConfig:
             raise ValueError("mcq_judge.max_new_tokens and mcq_judge.max_reply_chars must be >= 1")
 
 
+_ALONE = re.compile(r"^\W*(?:(?:the\s+)?(?:option|answer|choice)\s*(?:is\s*)?:?\s*)?\(?([A-Ja-j])\)?[\s.)]*$", re.IGNORECASE)
+_MENTION = re.compile(r"(?<![\w'])\(?([A-J])\)?(?![\w'])")
+
+
 def parse_judge_letter(text: str, letters: str) -> str | None:
-    """The judge's reply → an option letter, None for NONE; ValueError when it is neither."""
+    """The judge's reply → an option letter; None for NONE or when it names more than one option (as
+    its prompt asks); ValueError when it names none of ``letters``.
+
+    A reply that is just a letter ("B", "(c)", "Option D", "Answer: A") is read in either case. In
+    prose only capital letters standing alone count; "A" opening a sentence and "I" before a lowercase
+    word ("A reply that picks C", "I think B") are words, not options."""
     t = (text or "").strip()
     t = re.sub(r"(?s)<think>.*?</think>", "", t).strip()  # a reasoning judge's thoughts are not its verdict
     if re.match(r"^\W*none\b", t, re.IGNORECASE):
         return None
-    m = re.match(r"^\W*(?:option\s+|answer:?\s*)?\(?([A-J])\)?(?:[\s.):,]|$)", t, re.IGNORECASE)
+    m = _ALONE.match(t)
     if m and m.group(1).upper() in letters:
         return m.group(1).upper()
-    named = set(re.findall(r"(?<![\w'])([A-J])(?![\w'])", t)) & set(letters)  # prose: exactly one capital option letter
+    named = []
+    for mm in _MENTION.finditer(t):
+        letter, after = mm.group(1), t[mm.end():mm.end() + 2]
+        before = t[:mm.start()].lower().rstrip(" :")
+        marked = mm.group(0) != letter or before.endswith(("option", "answer", "choice", "is"))
+        sentence_start = not before or before.endswith((".", "!", "?", "\n"))
+        if not marked and re.match(r" [a-z]", after) and (letter == "I" or (letter == "A" and sentence_start)):
+            continue  # "A reply ..." opening a sentence, "I think ...": words, not options
+        if letter in letters and letter not in named:
+            named.append(letter)
     if len(named) == 1:
-        return named.pop()
+        return named[0]
+    if len(named) > 1:
+        return None  # more than one option named: the judge's NONE
     raise ValueError(f"judge reply names no option: {t[:80]!r}")
 
 

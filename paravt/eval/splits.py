@@ -148,8 +148,10 @@ def _bucket(duration: float | None, edges: list[float]) -> str:
     return names[min(len(edges), len(names) - 1)]
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of a parquet file, a JSON list or a JSON-lines file."""
+def _rows(path: Path | list[Path]) -> list[dict[str, Any]]:
+    """Rows of a parquet file, a JSON list or a JSON-lines file; of every shard, in order, for a list."""
+    if isinstance(path, list):
+        return [r for p in path for r in _rows(p)]
     if path.suffix == ".parquet":
         return pq.read_table(path).to_pylist()
     if path.suffix == ".jsonl":
@@ -230,10 +232,22 @@ def load_lvbench_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample
     return [_lvbench_sample(c, roots, r, r["video_path"], _minutes(r.get("video_info"))) for r in _rows(ann)]
 
 
+def _stem_without_options(question: str, options: list[str]) -> str:
+    """The question's stem: option lines it already carries ("(A) red" / "A. red" after the first
+    line) are removed when they are these ``options``, so the prompt lists each option once."""
+    lines = question.strip().splitlines()
+    inline = [i for i, ln in enumerate(lines) if i and re.match(r"^(\([A-J]\)|[A-J][.)])\s", ln.strip())]
+    if inline and _clean_options([lines[i].strip() for i in inline]) == options:
+        return "\n".join(ln for i, ln in enumerate(lines) if i not in inline).strip()
+    return question
+
+
 def _mlvu_sample(c: SplitConfig, roots: Roots, r: dict[str, Any], sid: str, video_rel: str, task: str) -> EvalSample:
+    """An MLVU row either way it is written: ``question`` a bare stem or already ending with the
+    ``(A) …`` option lines; ``answer`` the option's text or its letter."""
     opts = _clean_options(list(r["candidates"]))
     dur = r.get("duration")
-    return EvalSample(sid, c.name, roots.find(video_rel), _mcq_question(r["question"], opts),
+    return EvalSample(sid, c.name, roots.find(video_rel), _mcq_question(_stem_without_options(r["question"], opts), opts),
                       _letter_of(r["answer"], opts), "mcq", _bucket(dur, c.duration_buckets), task,
                       duration=dur, options=opts)
 
@@ -329,8 +343,11 @@ def load_synthetic(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
     for r in rows:
         d = r.extra_info.get("duration")
         ans = r.answer
-        if r.question_type == "tvg":
-            ans = json.loads(ans) if isinstance(ans, str) else ans
+        if r.question_type == "tvg" and isinstance(ans, str):
+            try:
+                ans = json.loads(ans)
+            except ValueError:
+                pass  # not a span: check_sample drops the row and counts it
         out.append(EvalSample(r.sample_id, c.name, r.video, r.question, ans, r.question_type,
                               _bucket(d, c.duration_buckets), r.question_type, duration=d,
                               span=r.extra_info.get("span"),
@@ -422,16 +439,59 @@ def splits_table() -> str:
     return "\n".join(lines)
 
 
-def find_layout(c: SplitConfig, root: Path) -> tuple[Layout, Path] | None:
-    """The first of the split's layouts whose annotation is under ``root``."""
+_SHARD = re.compile(r"^(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})(?P<ext>\.\w+)$")
+
+
+def check_shards(hits: list[Path]) -> None:
+    """Hub shards are named ``<split>-00000-of-00003.parquet``: every one of them must be here."""
+    groups: dict[tuple[str, str, int], set[int]] = {}
+    for h in hits:
+        m = _SHARD.match(h.name)
+        if m:
+            groups.setdefault((str(h.parent / m["stem"]), m["ext"], int(m["n"])), set()).add(int(m["i"]))
+    for (stem, ext, n), have in groups.items():
+        missing = [i for i in range(n) if i not in have]
+        if missing:
+            names = ", ".join(f"{Path(stem).name}-{i:05d}-of-{n:05d}{ext}" for i in missing[:3])
+            from paravt.data.schema import DataError  # noqa: PLC0415
+            raise DataError(f"{Path(stem).parent}: {len(missing)} of {n} shard(s) missing ({names}"
+                             f"{', ...' if len(missing) > 3 else ''}); download the split again")
+
+
+def find_layout(c: SplitConfig, root: Path) -> tuple[Layout, Path | list[Path]] | None:
+    """The first of the split's layouts whose annotation is under ``root``: one path, or every
+    shard of a glob (``test-*.parquet``) in order, checked complete by :func:`check_shards`."""
     for lay in c.layouts:
         if any(ch in lay.annotation for ch in "*?["):
             hits = sorted(root.glob(lay.annotation))
             if hits:
-                return lay, hits[0]
+                check_shards(hits)
+                return lay, hits if len(hits) > 1 else hits[0]
         elif (root / lay.annotation).exists():
             return lay, root / lay.annotation
     return None
+
+
+def card_num_examples(root: Path, split: str) -> int | None:
+    """``num_examples`` of ``split`` in the dataset card's ``dataset_info`` (a Hub snapshot's README.md),
+    or None when the card does not say."""
+    card = root / "README.md"
+    if not card.is_file():
+        return None
+    text = card.read_text(encoding="utf-8", errors="replace")
+    if not text.startswith("---"):
+        return None
+    import yaml  # noqa: PLC0415 - PyYAML comes with hydra/omegaconf
+
+    try:
+        meta = yaml.safe_load(text.split("---", 2)[1]) or {}
+    except yaml.YAMLError:
+        return None
+    infos = meta.get("dataset_info") or []
+    counts = [sp.get("num_examples") for info in (infos if isinstance(infos, list) else [infos]) if isinstance(info, dict)
+              for sp in info.get("splits") or [] if isinstance(sp, dict) and sp.get("name") == split]
+    counts = [n for n in counts if isinstance(n, int)]
+    return counts[0] if len(counts) == 1 else None
 
 
 def hf_home() -> Path:
@@ -458,7 +518,7 @@ def check_sample(s: EvalSample, c: SplitConfig) -> str | None:
             return "an empty option"
         if any(_LETTER_PREFIX.match(o) for o in s.options):
             return "an option carries another letter (doubled or shuffled letters)"
-        if str(s.answer) not in LETTERS[:len(s.options)]:
+        if not (isinstance(s.answer, str) and len(s.answer) == 1 and s.answer in LETTERS[:len(s.options)]):
             return "gold letter not among the options"
         return None
     if s.question_type == "tvg":
@@ -530,7 +590,23 @@ def load_split(name: str, data_root: str | Path, path_override: str | None = Non
     ``media_root`` (the eval config's ``hub``); ``report`` gets the LoadReport appended."""
     c = SPLITS[split_name(name)]
     roots, layout, ann = _resolve(c, data_root, path_override, hub)
-    samples = LOADERS[layout.loader](c, roots, ann)
+    try:
+        samples = LOADERS[layout.loader](c, roots, ann)
+    except (KeyError, TypeError, ValueError, AttributeError, OSError) as exc:
+        from paravt.data.schema import DataError  # noqa: PLC0415
+        first = ann[0] if isinstance(ann, list) else ann
+        what = f"missing column {exc}" if isinstance(exc, KeyError) else " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise DataError(f"split {c.name}: {first}{f' (+{len(ann) - 1} shards)' if isinstance(ann, list) else ''}: "
+                        f"cannot read it as the {layout.name} layout ({what[:300]})") from None
+    if c.hub is not None and layout.name == "hub" and any(ch in layout.annotation for ch in "*?["):
+        known = card_num_examples(roots.ann, c.hub.split)
+        shards = ann if isinstance(ann, list) else [ann]
+        if known is not None and all(p.suffix == ".parquet" for p in shards):
+            n_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in shards)
+            if n_rows != known:
+                from paravt.data.schema import DataError  # noqa: PLC0415
+                raise DataError(f"split {c.name}: {n_rows} rows in {len(shards)} shard file(s) under {roots.ann}, but "
+                                f"the dataset card says {known}; download the split again")
     where = f"{c.hub.repo_id} at {roots.ann}" if roots.source == "hub" else str(roots.ann)
     rep = LoadReport(c.name, where, layout.name)
     good = []

@@ -86,6 +86,15 @@ def all_reduce_sum(x: float | int | torch.Tensor) -> float:
     return float(t.item())
 
 
+def all_reduce_max(x: float | int | torch.Tensor) -> float:
+    t = torch.as_tensor(x, dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return obj
@@ -219,6 +228,13 @@ def export_hf(model, processor, out: str | Path, dist_info: DistInfo, dtype: tor
     return out
 
 
+class RunAborted(RuntimeError):
+    """A run stopped itself after losing work it cannot train without (e.g. every rollout failed for
+    ``rollout.max_bad_steps`` steps); the message names the first error. Exit code 3."""
+
+    exit_code = 3
+
+
 def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: str) -> int:
     """The CLI of a training stage: parse the typed config, train, report, tear the group down."""
     from paravt.core.config import parse_cli  # noqa: PLC0415
@@ -230,10 +246,10 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
     cfg = parse_cli(schema, argv, prog)
     lock = None
     try:
-        if int(os.environ.get("RANK", 0)) == 0:  # one run per output directory (the lock dies with its holder)
-            lock = OutputLock(cfg.output_dir).acquire()
         if hasattr(cfg, "check_inputs"):
             cfg.check_inputs()
+        if int(os.environ.get("RANK", 0)) == 0:  # one run per output directory (the lock dies with its holder)
+            lock = OutputLock(cfg.output_dir).acquire()
         trainer = trainer_cls(cfg)
     except (OutputLockBusy, DataError, ValueError, FileNotFoundError) as exc:
         # The user's input, not a crash: one line, exit 2. (The launch scripts run this same check in
@@ -242,7 +258,19 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
         if dist.is_initialized():
             dist.destroy_process_group()
         raise SystemExit(2) from None
-    final = trainer.train()
+    try:
+        final = trainer.train()
+    except (DataError, RunAborted) as exc:
+        # Bad data found while training (no usable row), or a run that stopped itself rather than train on
+        # nothing (paravt.rl.train): one line, a non-zero exit; the newest checkpoint resumes it.
+        if trainer.d.is_main or isinstance(exc, DataError):
+            print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            logging.shutdown()
+            os._exit(exc.exit_code if isinstance(exc, RunAborted) else 2)
+        raise SystemExit(exc.exit_code if isinstance(exc, RunAborted) else 2) from None
     if lock is not None:
         lock.release()
     if trainer.d.is_main:

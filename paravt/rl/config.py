@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from paravt.agent.tools import CropConfig
-from paravt.core.config import require
+from paravt.core.config import check_run_paths, require
 from paravt.engines.sglang import SGLangServerConfig
+from paravt.engines.vllm import VLLMServerConfig
 from paravt.models.loading import resolve_dtype
 from paravt.rl.gating import DEFAULT_CHOICES
 from paravt.rl.rewards.judge import JudgeConfig
@@ -137,14 +138,35 @@ class OptimConfig:
 class RolloutConfig:
     # Weights reach the engine through its update_weights: the in-process engine takes the state
     # dict, a server reloads an HF export of each version (weights/vNNNNNN, pruned).
-    engine: str = "hf"  # hf (in-process, embedded default) | hf_server (HTTP, CPU) | sglang (GPU server)
-    server: SGLangServerConfig = field(default_factory=SGLangServerConfig)
+    engine: str = "hf"  # hf (in-process, embedded default) | hf_server (HTTP, CPU) | sglang | vllm (rollout servers)
+    server: SGLangServerConfig = field(default_factory=SGLangServerConfig)  # sglang: launch settings
+    # vllm: launch settings (a CPU build here, CUDA on GPU nodes; rollout flags are added by the launcher)
+    vllm: VLLMServerConfig = field(default_factory=lambda: VLLMServerConfig(gpus=[7], dtype="bfloat16"))
+    # Servers launched (sglang | vllm): this many copies of the launch settings, on ports port, port+1, ...
+    # and the GPUs of server.gpus / vllm.gpus split in order (tp_size each). 0: launch none (urls only).
+    replicas: int = 1
+    # Rollout servers already running (sglang | vllm), e.g. on other nodes: http://host:port. Used beside the
+    # launched ones; the run pushes its start weights to them first. Weights reach them as a directory
+    # path: it must be the same path on their machines (a shared filesystem for output_dir).
+    urls: list[str] = field(default_factory=list)
     batch_wait_s: float = 0.03  # in-process engine: requests arriving this close are batched
     dtype: str = "float32"  # in-process / hf_server engine dtype
+    # Lost work: a prompt whose episodes failed (video does not decode, engine/server/tool failure) is
+    # skipped whole. A step that skips more than this fraction of its prompts is a bad step; a bad step
+    # never steps the optimizer when it has no samples left.
+    max_skipped_fraction: float = 0.5
+    # After this many bad steps in a row the run stops: a checkpoint of the last good weights, one line
+    # naming the first error, exit 3 (resume=auto continues once the cause is fixed). 0: never stop.
+    max_bad_steps: int = 3
 
     def __post_init__(self):
-        if self.engine not in ("hf", "hf_server", "sglang"):
-            raise ValueError(f"rollout.engine must be hf, hf_server or sglang, got {self.engine!r}")
+        if self.engine not in ("hf", "hf_server", "sglang", "vllm"):
+            raise ValueError(f"rollout.engine must be hf, hf_server, sglang or vllm, got {self.engine!r}")
+        if self.replicas < 0 or (self.engine in ("sglang", "vllm") and self.replicas == 0 and not self.urls):
+            raise ValueError(f"rollout.replicas={self.replicas}: launch at least one server or give rollout.urls")
+        if not 0.0 <= self.max_skipped_fraction <= 1.0 or self.max_bad_steps < 0:
+            raise ValueError(f"rollout.max_skipped_fraction must be in [0, 1] and rollout.max_bad_steps >= 0, got "
+                             f"{self.max_skipped_fraction}, {self.max_bad_steps}")
 
 
 @dataclass
@@ -245,6 +267,7 @@ class RLConfig:
                              + (f"; data_root={self.data_root}" if self.data_root else ""))
         if not Path(self.model_path).exists():
             raise ValueError(f"model_path: no such checkpoint {self.model_path}")
+        check_run_paths(self.model_path, self.output_dir, self.resume)
 
     def check_world_size(self, trainer_world_size: int) -> None:
         """The batch must divide evenly over the trainer ranks (the paper: 7 prompts, 7 trainer GPUs)."""

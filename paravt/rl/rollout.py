@@ -58,6 +58,8 @@ class RolloutBatch:
     seconds: float
     weight_version: int
     corrections: list[Any] = field(default_factory=list)  # GTR: this step's corrected thoughts (paravt.rl.gtr)
+    skipped_fraction: float = 0.0  # prompts skipped because their episodes lost work
+    first_error: str | None = None  # the first lost work's error (one line)
 
 
 class PromptSchedule:
@@ -156,10 +158,12 @@ class RolloutWorker:
                 trajs[i] = Trajectory(prompts[groups[i]].sample_id, kk[i], SequenceRecord(), end_reason="error",
                                       error=f"{type(t).__name__}: {t}")
         lost = sorted({gi for t, gi in zip(trajs, groups) if t.faults})
+        first = None
         if lost:
-            first = next(t.faults[0] for t in trajs if t.faults)
-            log.warning("rollout step %d: skipped %d of %d prompt(s) that lost work (first: %s: %s)", step, len(lost),
-                        len(prompts), prompts[lost[0]].sample_id, first[:300])
+            first = next(f"{prompts[gi].sample_id}: {t.faults[0]}" for t, gi in zip(trajs, groups) if t.faults)
+            first = " ".join(first.split())[:500]
+            log.warning("rollout step %d: skipped %d of %d prompt(s) that lost work (first: %s)", step, len(lost),
+                        len(prompts), first)
             keep = [i for i, gi in enumerate(groups) if gi not in lost]
             trajs, groups, kk = [trajs[i] for i in keep], [groups[i] for i in keep], [kk[i] for i in keep]
         # 3. Rewards on the main agent's text as written (pure functions of paravt.rl.rewards.terms).
@@ -192,8 +196,13 @@ class RolloutWorker:
             gtr_metrics, corrections = await self.gtr.process(step, trajs, [prompts[gi] for gi in groups])
             metrics.update(gtr_metrics)
         versions = [turn.weight_version for t in trajs for turn in t.turns]
+        if versions:  # the policy versions that generated this batch, as the engine(s) reported them
+            metrics.update({"rollout/version_min": min(versions), "rollout/version_max": max(versions)})
+        for i, n in enumerate(getattr(self.engine, "served", []) or []):  # several servers: requests each answered
+            metrics[f"rollout/requests_server{i}"] = n
         return RolloutBatch(step, samples, metrics, self._trajectory_records(step, trajs, rewards, prompts, groups),
-                            time.perf_counter() - t0, min(versions) if versions else 0, corrections)
+                            time.perf_counter() - t0, min(versions) if versions else 0, corrections,
+                            len(lost) / max(1, len(prompts)), first)
 
     def _trajectory_records(self, step, trajs, rewards, prompts, groups) -> list[dict[str, Any]]:
         """A seeded random sample of the batch's episodes (not just the first group) for the viewer."""

@@ -19,6 +19,7 @@ every departure from plain GRPO.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -37,6 +38,7 @@ from paravt.data.schema import load_rl_rows
 from paravt.engines.factory import EngineHandle, build_engine
 from paravt.models import parallel
 from paravt.models.loading import default_attn_implementation, load_model, load_processor, resolve_dtype
+from paravt.models.tokenize import vision_token_ids
 from paravt.models.trainloop import TrainLoop
 from paravt.rl.config import RLConfig
 from paravt.rl.grpo import k1_kl_rewards, masked_moments, normalize_with, ppo_token_loss, token_advantages
@@ -82,6 +84,7 @@ class RLTrainer:
         actor.config.use_cache = False
         actor.to(self.d.device)
         self.image_token_id = actor.config.image_token_id
+        self.vision_ids = torch.tensor(vision_token_ids(self.processor.tokenizer), dtype=torch.long)
         ref = None
         if cfg.grpo.kl_coef > 0:
             ref = load_model(cfg.ref_model_path or cfg.model_path, dtype=cfg.trainer.dtype, attn_implementation=attn)
@@ -95,7 +98,9 @@ class RLTrainer:
         self.optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=cfg.optim.lr,
                                            betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
                                            weight_decay=cfg.optim.weight_decay)
-        self.global_step = 0  # completed optimizer steps (= the policy version the engine should hold)
+        self.global_step = 0  # completed steps (= the policy version the engine should hold)
+        self.bad_steps = 0  # rank 0: consecutive steps that lost more than rollout.max_skipped_fraction
+        self.first_bad_error: str | None = None
         self.handle: EngineHandle | None = None
         self.gtr = None
         if cfg.gtr.mode != "off":
@@ -147,9 +152,18 @@ class RLTrainer:
             # In the trainer's dtype (bf16 for the 8B: half the bytes of fp32 to write and load).
             path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d,
                                       dtype=resolve_dtype(self.cfg.trainer.dtype))
+            err = None
             if self.d.is_main:
-                self.handle.push_weights(path, version)
+                try:
+                    self.handle.push_weights(path, version)
+                except Exception as exc:  # noqa: BLE001 - a dead or broken server: stop, never train on
+                    err = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
                 prune_weight_dirs(self.out / "weights", keep=self.cfg.grpo.max_staleness + 1)
+            err = parallel.broadcast_object(err)
+            if err is not None:
+                done = self.save()
+                raise parallel.RunAborted(f"the weight push of version {version} to the rollout server(s) failed: "
+                                          f"{err}; checkpoint {done} (resume=auto continues from it)")
         parallel.barrier()
         return time.perf_counter() - t0
 
@@ -165,10 +179,17 @@ class RLTrainer:
             kw["pixel_values"], kw["image_grid_thw"] = pv.to(self.d.device), grid.to(self.d.device)
         temp = self.cfg.grpo.temperature if temperature is None else temperature
         logits = model(**kw).logits[0, :-1].float() / max(temp, 1e-6)
+        # The policy's distribution is the one every engine samples from: vision placeholders banned
+        # (they are never text). The rollout engines' logprobs are of this distribution too.
+        logits = logits.index_fill(1, self.vision_ids.to(logits.device), float("-inf"))
         target = ids[0, 1:]
         logp_all = torch.log_softmax(logits, -1)
         logp = logp_all.gather(1, target[:, None]).squeeze(1)
-        ent = -(logp_all.exp() * logp_all).sum(-1)
+        # context positions followed by an image placeholder (never a policy token): a finite 0, so masked
+        # sums and ratios stay finite
+        logp = torch.where(torch.isin(target, self.vision_ids.to(target.device)), torch.zeros_like(logp), logp)
+        p_all = logp_all.exp()
+        ent = -torch.where(p_all > 0, p_all * logp_all, torch.zeros_like(p_all)).sum(-1)
         return logp, ent
 
     def train_on(self, samples: list[Sample], sft_samples: list[Sample] = ()) -> dict[str, float]:
@@ -177,6 +198,9 @@ class RLTrainer:
         cfg = self.cfg
         n_local = sum(sum(s.loss_mask[1:]) for s in samples)
         n_global = parallel.all_reduce_sum(n_local)
+        if n_global == 0 and parallel.all_reduce_sum(len(sft_samples)) == 0:
+            # Nothing to learn from (every prompt of the step was skipped): no optimizer step at all.
+            return {"ppo/optimizer_skipped": 1.0, "ppo/tokens": 0.0}
         scale = self.d.world_size / max(n_global, 1.0)
         self.actor.train()
         tot = Counter()
@@ -191,6 +215,7 @@ class RLTrainer:
         think_w = cfg.gtr.think_weight if self.gtr is not None else 1.0
         n_sft = parallel.all_reduce_sum(sum(sum(s.loss_mask[1:]) for s in sft_samples))
         grad_norm = 0.0
+        gap_max = 0.0  # largest |trainer logprob - engine logprob| over this step's policy tokens
         for mi, mb in enumerate(mbs):
             for s in mb:
                 mask = torch.tensor(s.loss_mask[1:], device=self.d.device, dtype=torch.bool)
@@ -217,7 +242,9 @@ class RLTrainer:
                 tot["kl"] += out.kl_sum
                 ent_d = ent.detach()
                 tot["entropy"] += float((ent_d * mask).sum())
-                tot["gap"] += float(((prox - behav).abs() * mask).sum())
+                gap = (prox - behav).abs() * mask
+                tot["gap"] += float(gap.sum())
+                gap_max = max(gap_max, float(gap.max())) if gap.numel() else gap_max
                 tot["mask"] += int(mask.sum())
                 if think is not None:
                     tot["ent_think"] += float((ent_d * (mask & think)).sum())
@@ -238,7 +265,8 @@ class RLTrainer:
         out = {"ppo/loss": g["loss"] / max(n_global, 1.0), "ppo/clip_ratio": g["clipped"] / m,
                "ppo/behav_dropped_ratio": g["dropped"] / m, "ppo/kl": g["kl"] / m,
                "ppo/kl_reward": parallel.all_reduce_sum(self.kl_reward_sum) / m, "ppo/entropy": g["entropy"] / m,
-               "rollout/logprob_gap": g["gap"] / m, "ppo/grad_norm": grad_norm, "ppo/tokens": n_global}
+               "rollout/logprob_gap": g["gap"] / m, "rollout/logprob_gap_max": parallel.all_reduce_max(gap_max),
+               "ppo/grad_norm": grad_norm, "ppo/tokens": n_global}
         if g["n_think"]:
             out["ppo/entropy_think"] = g["ent_think"] / g["n_think"]
         if g["n_action"]:
@@ -316,15 +344,47 @@ class RLTrainer:
     def _start_rollouts(self, weights: str) -> RolloutProducer:
         """Rank 0: the engine (``rollout.engine``) loaded with ``weights`` and the producer thread."""
         r = self.cfg.rollout
+        server = {"sglang": r.server, "vllm": r.vllm}.get(r.engine) if r.replicas else None
+        if server is not None and not server.log_file:
+            server = dataclasses.replace(server, log_file=str(self.out / f"rollout_{r.engine}.log"))
         self.handle = build_engine(r.engine, weights, self.processor, dtype=r.dtype, seed=self.cfg.seed,
-                                   batch_wait_s=r.batch_wait_s, server=r.server if r.engine == "sglang" else None,
-                                   log_file=self.out / "rollout_server.log")
+                                   batch_wait_s=r.batch_wait_s, server=server, urls=r.urls, replicas=r.replicas,
+                                   log_file=self.out / "rollout_server.log", weight_version=self.global_step)
+        if r.urls:  # servers this run did not launch hold unknown weights: give them this run's first
+            self.handle.push_weights(weights, self.global_step)
         worker = RolloutWorker(self.cfg, self.handle.engine, self.processor, self.schedule, self.judge, self.gtr)
         if self.gtr is not None:
             self.gtr.attach(worker)
         producer = RolloutProducer(worker, self.global_step, self.cfg.max_steps, self.cfg.grpo.max_staleness)
         producer.start()
         return producer
+
+    def _check_lost_work(self, batch: RolloutBatch | None) -> None:
+        """Stop rather than train on nothing. A step is bad when it skipped more than
+        ``rollout.max_skipped_fraction`` of its prompts (their episodes lost work) or kept no sample;
+        after ``rollout.max_bad_steps`` bad steps in a row every rank saves the last good weights as a
+        checkpoint and raises :class:`~paravt.models.parallel.RunAborted` (one line, exit 3).
+        Collective: every rank calls it."""
+        r = self.cfg.rollout
+        abort = None
+        if batch is not None:
+            bad = batch.skipped_fraction > r.max_skipped_fraction or not batch.samples
+            self.bad_steps = self.bad_steps + 1 if bad else 0
+            if bad and self.bad_steps == 1:
+                self.first_bad_error = batch.first_error or "no samples"
+            if r.max_bad_steps and self.bad_steps >= r.max_bad_steps:
+                abort = (f"rollouts lost work on {self.bad_steps} steps in a row (each skipped more than "
+                         f"rollout.max_skipped_fraction={r.max_skipped_fraction:g} of its prompts or kept no sample; "
+                         f"rollout.max_bad_steps={r.max_bad_steps}); first error: {self.first_bad_error}")
+        abort = parallel.broadcast_object(abort)
+        if abort is None:
+            return
+        done = parallel.latest_complete(self.ckpt_root)
+        if self.global_step > 0 and (done is None or done.name != parallel.step_dir(self.ckpt_root, self.global_step).name):
+            done = self.save()
+        where = f"checkpoint {done} (resume=auto continues from it)" if done is not None else \
+            "no step was trained; nothing to resume"
+        raise parallel.RunAborted(f"{abort}; {where}")
 
     async def _close_clients(self) -> None:
         await self.handle.aclose()
@@ -345,6 +405,7 @@ class RLTrainer:
                     t0 = time.perf_counter()
                     batch = producer.get() if producer is not None else None
                     t_wait = time.perf_counter() - t0
+                    self._check_lost_work(batch)
                     m = self.step(batch)
                     m.update({"time/wait_rollout": t_wait, "time/step": time.perf_counter() - t0})
                     if batch is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paravt.core.config import require
+from paravt.core.config import check_run_paths, require
 from paravt.models.loading import resolve_dtype
 from paravt.sft.data import Shard, VideoSamplingConfig
 
@@ -124,3 +124,13 @@ class SFTConfig:
         resolve_dtype(self.dtype)
         if self.copy_aux.weight and self.dist.strategy == "deepspeed":
             raise ValueError("copy_aux (the tiny model's copy lessons) runs under fsdp2, ddp or none, not deepspeed")
+
+    def check_inputs(self) -> None:
+        """The files a run reads exist (called before any model loads, and by ``run_sft.sh``'s preflight
+        before torchrun; not in ``__post_init__``, so a recipe can be read on a machine without its data)."""
+        check_run_paths(self.model_path, self.output_dir, self.resume)
+        required = [sh for sh in self.data if not sh.optional and not Path(sh.path).is_file()]
+        if required:
+            raise ValueError(f"data: {len(required)} required shard(s) match no file: "
+                             + ", ".join(f"{sh.path} ({sh.name or '-'})" for sh in required[:3])
+                             + (" ..." if len(required) > 3 else "") + "; fix the path or mark it optional: true")

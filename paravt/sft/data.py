@@ -265,6 +265,7 @@ class PackedStream:
     rank: int = 0
     world_size: int = 1
     state: StreamState = field(default_factory=StreamState)
+    first_skip: str | None = None  # the first row skipped while building examples (named when none is usable)
 
     def _share(self, epoch: int) -> list[int]:
         return epoch_order(len(self.rows), self.seed, epoch)[self.rank::self.world_size]
@@ -282,13 +283,16 @@ class PackedStream:
                 self.state.cursor = 0
                 empty_epochs += 1
                 if empty_epochs > 2:
-                    raise RuntimeError("no usable SFT rows: every row was skipped (see the skip counts)")
+                    raise DataError(f"no usable SFT rows: every one of {len(self.rows)} row(s) was skipped when "
+                                    f"building examples; first: {self.first_skip or 'unknown'}")
                 continue
             row = self.rows[share[self.state.cursor]]
             try:
                 ex = self.build(row)
             except SkipRow as exc:
                 log.debug("skip %s", exc)
+                if self.first_skip is None:
+                    self.first_skip = " ".join(str(exc).split())[:300]
                 self.state.cursor += 1
                 continue
             empty_epochs = 0

@@ -106,7 +106,8 @@ def test_bad_calls_become_error_responses(tiny, sample):
     ok = [c for c in t0.calls if c.ok]
     assert [c.window for c in ok] == [(0.0, 6.0), (dur - 2, dur)] and all(c.clamped for c in ok)
     delta = proc.tokenizer.decode([s for s in traj.main.segments if s.role == "context"][1].token_ids)
-    assert delta.count("<tool_response>") == 9 and delta.count("[Error: crop_video failed:") == 6
+    assert delta.count("<tool_response>") == 9 and delta.count("[Error: crop_video failed:") == 5
+    assert delta.count("[Error: the tool call could not be parsed:") == 1  # no tool ran: none is named
     assert "[Error: unknown tool 'zoom_in'" in delta
     st = traj.stats
     assert st["parse_errors"] == 1 and st["tool_errors"] == 6 and st["clamped_calls"] == 2

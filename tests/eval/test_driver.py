@@ -24,7 +24,9 @@ def test_scoring_edge_cases():
     s = summarize([{"question_type": "tvg", "iou": 0.6, "score": 0.6, "tool_calls": 2},
                    {"question_type": "tvg", "iou": 0.2, "score": 0.2, "tool_calls": 0},
                    {"question_type": "tvg", "missing_video": "x.mp4", "tool_calls": 0}])
-    assert s["mIoU"] == pytest.approx(0.4) and s["R@0.5"] == 0.5 and s["missing_video"] == 1 and s["evaluated"] == 2
+    # over the samples that ran, and over every sample (the missing one counts as IoU 0, as in the paper's tables)
+    assert s["mIoU_ran"] == pytest.approx(0.4) and s["mIoU"] == pytest.approx(0.8 / 3)
+    assert s["R@0.5"] == pytest.approx(1 / 3) and s["missing_video"] == 1 and s["evaluated"] == 2 and s["lost"] == 1
     assert s["avg_tool_calls"] == 1.0 and s["tool_usage_rate"] == 0.5
 
 
@@ -94,7 +96,9 @@ def test_missing_videos_are_counted(world, tiny_dir, tmp_path):
     res = Evaluator(load_config(EvalConfig, None, [f"model={tiny_dir}", f"out={tmp_path}/o", f"split_paths={{synthetic: {local}}}",
                                                    "max_new_tokens=16", "progress=false", "limit=3", "nframes=4",
                                                    "prompt_mode=direct"])).run()["synthetic"]
-    assert res["missing_video"] == 1 and res["evaluated"] == 2 and res["n"] == 3
+    assert res["missing_video"] == 1 and res["evaluated"] == 2 and res["n"] == 3 and res["lost"] == 1
+    from paravt.eval.driver import lost_work
+    assert lost_work({"synthetic": res}) and not lost_work({"synthetic": res}, max_error_fraction=0.5)
 
 
 def test_config_errors():

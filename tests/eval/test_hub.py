@@ -47,11 +47,15 @@ def fetched(tmp_path_factory, video):
 def _load(home: Path, name: str, **kw) -> tuple[list, LoadReport]:
     rep: list[LoadReport] = []
     opts = HubOptions(source="hub", cache_dir=str(home / "hub"), **kw)
+    before = os.environ.get("HF_HOME")
     os.environ["HF_HOME"] = str(home)  # media roots: $HF_HOME/<media dir>
     try:
         return load_split(name, "/nonexistent", None, opts, rep), rep[0]
-    finally:
-        os.environ.pop("HF_HOME", None)
+    finally:  # the caller's HF_HOME back as it was (unset stays unset)
+        if before is None:
+            os.environ.pop("HF_HOME", None)
+        else:
+            os.environ["HF_HOME"] = before
 
 
 def test_fetch_prints_where_each_split_landed(fetched):

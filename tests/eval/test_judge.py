@@ -13,6 +13,12 @@ JUDGE_REPLIES = [
     ("<think>The reply says the car is blue, which is option B.</think>\nB", "B"),
     ("The reply chooses C.", "C"), ("C) red", "C"), ("NONE", None), ("None of the options.", None),
     ("none", None),
+    # letters only as letters: the article and the pronoun are words
+    ("A reply that picks C", "C"), ("I think B", "B"), ("I think the reply picks D.", "D"),
+    ("Option A is right", "A"), ("A) blue", "A"), ("The answer is A because the car is red.", "A"),
+    ("The reply. A good one picks D", "D"), ("(a)", "A"),
+    # more than one option named: NONE, as the judge's prompt says
+    ("B or C", None), ("The answer could be B or C", None), ("It picks A and not B", None),
 ]
 
 
@@ -21,7 +27,7 @@ def test_judge_verdicts_are_read(reply, letter):
     assert parse_judge_letter(reply, "ABCD") == letter
 
 
-@pytest.mark.parametrize("reply", ["", "I cannot tell from the reply.", "E", "Option F", "The answer could be B or C"])
+@pytest.mark.parametrize("reply", ["", "I cannot tell from the reply.", "E", "Option F", "A reply without a choice"])
 def test_unusable_verdicts_raise(reply):
     with pytest.raises(ValueError, match="names no option"):
         parse_judge_letter(reply, "ABCD")
@@ -75,4 +81,7 @@ def test_the_judge_on_a_real_server_never_changes_the_strict_score(world, tiny_d
     assert judged["accuracy"] == plain["accuracy"]  # strict: the same with and without a judge
     assert [(r["id"], r["pred"], r["score"]) for r in recs] == [(r["id"], plain_recs[r["id"]]["pred"],
                                                                  plain_recs[r["id"]]["score"]) for r in recs]
-    assert judged["accuracy_with_judge"] >= judged["accuracy"]
+    # accuracy_with_judge = strict correct + judge-correct among the no-letter replies, recomputed
+    n_cls = sum(r["question_type"] != "tvg" for r in recs)
+    assert judged["accuracy_with_judge"] == pytest.approx(
+        sum(r["correct"] or r.get("judge_correct", 0.0) for r in recs if r["question_type"] != "tvg") / n_cls)

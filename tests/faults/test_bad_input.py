@@ -140,7 +140,6 @@ def _run_cli(module, argv):
 def test_bad_config_is_one_line_exit_2(module, argv, fragment, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing may be written: the working directory stays empty
     base = {EVAL: ["model=/m"], RL: ["model_path=/m", "train_data=[x.parquet]"], SFT: ["model_path=/m"]}[module]
-    recipe = {RL: ["/work/main/configs/rl/tiny.yaml"]}.get(module, [])
     recipe = [str(Path(__file__).resolve().parents[2] / "configs/rl/tiny.yaml")] if module == RL else []
     with pytest.raises(SystemExit) as e:
         _run_cli(module, recipe + base + argv)
@@ -158,12 +157,13 @@ def test_malformed_yaml_recipe_is_one_line(tmp_path):
     assert "not valid YAML" in r.stderr and "line 1" in r.stderr
 
 
-def test_wrong_type_in_recipe_names_the_key(tmp_path):
+def test_wrong_type_in_recipe_names_the_key(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("max_steps: lots\n")
     with pytest.raises(SystemExit) as e:
         _run_cli(RL, [str(bad), "model_path=/m", "train_data=[x.parquet]"])
-    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "max_steps" in err and "lots" in err, err
 
 
 # --------------------------------------------------------------------------- data files
