@@ -7,21 +7,10 @@
 #   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
 #   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (20), EVAL_LIMIT (120 per cell: every held-out question of the needle world),
 #     EVAL_CONCURRENCY (64 eval samples in flight), SEED (0)
-#   WORLD_PRESET (needle): python -m paravt.data.synthetic --preset (needle: one event per 120 s video, four
-#     30 s crops at 1 fps, answers that copy what the world shows; default: the 1-3 event world of sessions 1-13)
-#   HEAD (trained): the tiny base's lm_head - trained: untied from the input embeddings (rows of norm ~2);
-#     frozen: untied and kept at init (optim.freeze_lm_head); tied: shared with the input embeddings (sessions 1-13)
-#   SFT_READING (1): text-only reading rows (reports -> answer, paravt_reading_synth.parquet) in the SFT batches;
-#     READING_FORMAT (user): their form, --reading-format user|episode|episode_answer|mixed
-#   SFT_PHASES ("reading_long:600 reading_episode:600"): SFT phases after the first, each NAME:STEPS continuing
-#     from the previous phase on the SFT rows + paravt_NAME_synth.parquet (the needle world's reading curriculum:
-#     the copy learnt short, kept at episode length, then carried into the episode format; "" = one phase)
-#   The copy warm-up experiment (#25, docs/RESULTS.md; off by default): WARMUP_STEPS=3000, PERC_STEPS=1200
-#   COPY_AUX=W: the copy task as an auxiliary loss (weight W) of the perception and SFT stages (copy_aux.weight; 0: off)
-#   TINY_ARGS: extra flags of python -m paravt.models.tiny, e.g. the wide base of the #25 experiments:
-#     TINY_ARGS="--hidden-size 256 --heads 8 --kv-heads 4 --intermediate-size 768"
-#   WORLD_FLAGS: extra flags of python -m paravt.data.synthetic, e.g. the #25 wording / reading-row runs:
-#     WORLD_FLAGS="--report-wording shape_first --reading-format episode"
+#   The world and the tiny base's lessons (defaults are the measured setting; docs/GUIDE.md "quickstart knobs"
+#   says what each does): WORLD_PRESET (needle), HEAD (trained | frozen | tied), SFT_READING (1),
+#   READING_FORMAT (user), SFT_PHASES ("reading_long:600 reading_episode:600"), WARMUP_STEPS (0), COPY_AUX (0),
+#   TINY_ARGS and WORLD_FLAGS (extra flags of python -m paravt.models.tiny / python -m paravt.data.synthetic)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 for a in "$@"; do  # --help before any work (no venv needed)
@@ -65,7 +54,7 @@ if [[ -f "$OUT/tiny_model/paravt_tiny.json" ]]; then reuse; else
 
 step world "2/8 synthetic world -> $OUT/world"
 if [[ -f "$OUT/world/world_stats.json" ]]; then reuse; else
-  python -m paravt.data.synthetic --out "$OUT/world" --seed "$SEED" "${WORLD_ARGS[@]}" "${WORLD_EXTRA[@]}"; fi
+  python -m paravt.data.synthetic --out "$OUT/world" --seed "${WORLD_SEED:-$SEED}" "${WORLD_ARGS[@]}" "${WORLD_EXTRA[@]}"; fi
 
 step materialize "3/8 materialize -> $OUT/world/local"
 if [[ -f "$OUT/world/local/materialize_report.json" ]]; then reuse; else
@@ -84,7 +73,7 @@ if [[ -e "$OUT/perception/final/config.json" ]]; then reuse; else
 # mixed into the SFT batches. Then SFT_PHASES: each continues from the previous phase on the SFT rows plus the
 # world's paravt_NAME_synth.parquet (the needle world writes reading_long and reading_episode: the copy learnt on
 # short rows is kept after the 480-token system prompt, then carried into tool messages and the answer tag;
-# docs/RESULTS.md session 15). The last phase is $OUT/sft; earlier ones are $OUT/sft_<name>.
+# docs/RESULTS.md, "reading curriculum"). The last phase is $OUT/sft; earlier ones are $OUT/sft_<name>.
 SFT_ROWS="{path: $OUT/world/local/paravt_sft_synth.parquet, name: synthetic_sft}"
 read -ra LATER <<< "${SFT_PHASES}"
 [[ "$SFT_READING" == 1 ]] || LATER=()
@@ -153,7 +142,7 @@ print(f"score {100 * s['score']:5.1f}  compliance {100 * s['format_compliance']:
 PY
 }
 for K in 4 64; do
-  evalrow "sft-notool-K$K" model="$OUT/sft/final" nframes=$K max_turns=0 "${BASE[@]}"
+  evalrow "sft-notool-K$K" model="$OUT/sft/final" nframes=$K prompt_mode=direct "${BASE[@]}"
   evalrow "sft-tool-K$K" model="$OUT/sft/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}"
   evalrow "vanilla-tool-K$K" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${BASE[@]}" "${TOOLS[@]}"
   evalrow "paragrpo-tool-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}" save_trajectory=true trajectory_thumbnails=48

@@ -30,12 +30,12 @@ def test_short_quickstart(tmp_path):
     for stage in ("perception", "sft"):  # COPY_AUX=1: both stages trained the copy task beside their rows
         assert "copy_loss" in json.loads((out / stage / "metrics.jsonl").read_text().splitlines()[-1])
     assert "reading: shape / colour / times" in report
-    # the defaults of #25 session 14: the needle world, an untied lm_head, sub-agents at the world's 30 frames
+    # the defaults: the needle world, an untied lm_head, sub-agents at the world's 30 frames
     assert json.loads((out / "world/world.json").read_text())["config"]["max_events"] == 1
     assert json.loads((out / "tiny_model/paravt_tiny.json").read_text())["shape"]["tie_word_embeddings"] is False
     run_cfg = out / "eval/sft-tool-K4/image_url/synthetic.run_config.json"
     assert json.loads(run_cfg.read_text())["identity"]["crop"]["max_frames"] == 30
-    # session 15: SFT in phases (reading -> reading_long -> reading_episode), each from the previous final
+    # SFT in phases (reading -> reading_long -> reading_episode), each from the previous final
     assert pq.read_metadata(out / "world/local/paravt_reading_episode_synth.parquet").num_rows == 300
     for phase in ("sft_reading", "sft_reading_long"):
         assert (out / phase / "final/config.json").exists()

@@ -102,6 +102,10 @@ class CropConfig:
             raise ValueError(f"crop mode must be 'subagent' or 'frames', got {self.mode!r}")
         if self.decoder not in ("pyav", "decord"):
             raise ValueError(f"crop.decoder must be 'pyav' or 'decord', got {self.decoder!r}")
+        if self.decoder == "decord":
+            from paravt.core.video import DECORD_MISSING, decord_available  # noqa: PLC0415
+            if not decord_available():
+                raise ValueError(f"crop.{DECORD_MISSING}")
         if not 1 <= self.min_frames <= self.max_frames:
             raise ValueError("need 1 <= min_frames <= max_frames")
 

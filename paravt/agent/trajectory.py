@@ -188,7 +188,7 @@ class Trajectory:
             "sample_id": self.sample_id, "k": self.k, "end_reason": self.end_reason, "error": self.error,
             "duration": self.duration,
             "turns": [{"index": t.index, "text": t.text, "finish_reason": t.finish_reason,
-                       "parse_errors": t.parse_errors, "dropped_calls": t.dropped_calls,
+                       "weight_version": t.weight_version, "parse_errors": t.parse_errors, "dropped_calls": t.dropped_calls,
                        "calls": [{"name": c.name, "arguments": c.arguments, "ok": c.ok, "window": c.window,
                                   "error": c.error, "clamped": c.clamped, "response": c.response, "fault": c.fault}
                                  for c in t.calls]}

@@ -22,6 +22,7 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -112,11 +113,24 @@ def _check_file(path: str) -> str:
     return p
 
 
+def decord_available() -> bool:
+    try:
+        import decord  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
+
+
+DECORD_MISSING = ("decoder decord was asked for but decord is not installed (pip install decord==0.6.0; it has no "
+                  "wheel for aarch64): use the default decoder, pyav")
+
+
 def _decord_reader(path: str):
+    """A decord reader: the decoder asked for is the decoder used (no silent fallback)."""
     try:
         import decord  # noqa: PLC0415
-    except ImportError:  # no decord wheel (aarch64): the PyAV reader serves every call
-        return None
+    except ImportError:
+        raise VideoError(DECORD_MISSING) from None
     try:
         return decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
     except Exception as exc:  # decord raises its own DECORDError
@@ -143,27 +157,117 @@ def _open_stream(path: str, threads: int):
     return c, s
 
 
+class Timeline:
+    """Frame index <-> presentation timestamp of one video stream.
+
+    Constant-rate streams (every timestamp on the ``1/rate`` grid): index ``i`` is at ``i / rate``,
+    decord's mapping, with nothing read. Variable-rate streams (phone, screen and web recordings,
+    dropped frames, jittered timestamps): ``pts`` holds every frame's timestamp in presentation
+    order, from a packet index (demuxed, not decoded); index ``i`` is the ``i``-th frame shown."""
+
+    def __init__(self, start: int, tb, rate, pts: list[int] | None = None):
+        self.start, self.tb, self.rate = start, tb, rate
+        self.pts_list = pts
+        if pts is not None:
+            self._pos = {p: i for i, p in enumerate(pts)}
+            self._times = [float((p - pts[0]) * tb) for p in pts]
+
+    @property
+    def variable(self) -> bool:
+        return self.pts_list is not None
+
+    def index(self, pts: int) -> int:
+        """The index of the frame with this timestamp (the nearest one, for a timestamp off the list)."""
+        if self.pts_list is None:
+            return int(round(float((pts - self.start) * self.tb * self.rate)))
+        i = self._pos.get(pts)
+        if i is not None:
+            return i
+        return self.nearest(float((pts - self.pts_list[0]) * self.tb))
+
+    def pts(self, index: int) -> int:
+        if self.pts_list is None:
+            return self.start + int(round(float(index / self.rate / self.tb)))
+        return self.pts_list[index]
+
+    def time(self, index: int) -> float:
+        """Seconds from the first frame to frame ``index``."""
+        if self.pts_list is None:
+            return index / float(self.rate)
+        return self._times[index]
+
+    def nearest(self, t: float) -> int:
+        """The frame whose timestamp is nearest ``t`` seconds (constant rate: ``round(t * fps)``)."""
+        if self.pts_list is None:
+            raise ValueError("nearest() of a constant-rate timeline: use frame_indices")
+        times = self._times
+        j = bisect.bisect_left(times, t)
+        if j <= 0:
+            return 0
+        if j >= len(times):
+            return len(times) - 1
+        return j if times[j] - t < t - times[j - 1] else j - 1
+
+
+def _packet_pts(c, s) -> list[int]:
+    """Every video packet's timestamp, sorted (presentation order), by demuxing the whole file
+    without decoding a frame."""
+    c.seek(0, stream=s, backward=True, any_frame=True)
+    pts = sorted({p.pts for p in c.demux(s) if p.pts is not None and p.size})
+    c.seek(0, stream=s, backward=True, any_frame=True)
+    return pts
+
+
+def _on_grid(c, s, start: int, tb, rate, n: int, window: int = 64, reorder: int = 16) -> bool:
+    """True when the stream's timestamps sit on the ``1/rate`` grid (a constant-rate file) with no
+    frame missing, in three windows of ``window`` packets (start, middle, end). A few hundred packets
+    demuxed, nothing decoded; the last ``reorder`` of each window are left out of the gap check
+    (with B-frames a packet arrives up to that many places after its turn on screen)."""
+    tol = max(float(tb) * 1.01, 0.02 / float(rate))  # timestamp rounding of the container, in seconds
+    for frac in (0.0, 0.5, 0.97):
+        if frac:
+            c.seek(start + int(frac * n / float(rate) / float(tb)), stream=s, backward=True, any_frame=False)
+        else:
+            c.seek(start, stream=s, backward=True, any_frame=True)
+        got = []
+        for p in c.demux(s):
+            if p.pts is not None and p.size:
+                got.append(p.pts)
+            if len(got) >= window:
+                break
+        for p in got:
+            x = float((p - start) * tb) * float(rate)
+            if abs(x - round(x)) / float(rate) > tol:
+                return False
+        got = sorted(got)[: max(2, len(got) - reorder)]  # packets come in decode order: B-frames arrive late
+        steps = [round(float((b - a) * tb) * float(rate)) for a, b in zip(got, got[1:])]
+        if any(d != 1 for d in steps):  # a missing frame (a gap of two or more on the grid)
+            return False
+    c.seek(start, stream=s, backward=True, any_frame=True)
+    return True
+
+
 class _Decoder:
     """One demuxer + decoder over the file and its position (see :class:`VideoReader`)."""
 
     SKIP_MARGIN = 10  # frames before a target decoded in full: the reordering + frame-thread delay (misses are retried)
     DEFAULT_GOP = 250  # x264's default keyint, until two keyframes are seen in one forward run
 
-    def __init__(self, path: str, threads: int, start: int, tb, rate, stats: dict, opened=None):
+    def __init__(self, path: str, threads: int, timeline: Timeline, stats: dict, opened=None):
         self.path = path
         self.c, self.s = opened if opened is not None else _open_stream(path, threads)
-        self._start, self._tb, self._rate, self.stats = start, tb, rate, stats
+        self.timeline, self.stats = timeline, stats
         self.gen = None
         self.pos: int | None = None
         self.gop = self.DEFAULT_GOP
         self.last_key: int | None = None
         self.keys: set[int] = set()  # keyframe indices seen
 
-    def index(self, pts: int) -> int:  # constant frame rate, as decord assumes
-        return int(round(float((pts - self._start) * self._tb * self._rate)))
+    def index(self, pts: int) -> int:
+        return self.timeline.index(pts)
 
     def pts(self, index: int) -> int:
-        return self._start + int(round(float(index / self._rate / self._tb)))
+        return self.timeline.pts(index)
 
     def seek(self, index: int) -> None:
         self.c.seek(self.pts(index), stream=self.s, backward=True, any_frame=False)
@@ -293,19 +397,42 @@ class VideoReader:
         if n <= 0:  # containers without a frame count (mkv, webm): from the duration, as decord does
             dur = float(s.duration * tb) if s.duration else (c.duration or 0) / 1e6
             n = int(round(dur * float(rate)))
+        try:
+            pts = None
+            # the container's average rate, else its guessed one (an edit list or a start offset can skew
+            # the average); a stream on neither grid gets the packet index
+            for cand in dict.fromkeys(r for r in (rate, s.guessed_rate) if r):
+                if n > 0 and _on_grid(c, s, start, tb, cand, n):
+                    if cand != rate:
+                        n, rate = int(round(n * float(cand) / float(rate))), cand
+                    break
+            else:
+                pts = _packet_pts(c, s)
+        except Exception as exc:  # noqa: BLE001 - av errors while demuxing: the file is broken
+            c.close()
+            raise VideoError(f"cannot decode video {self.path}: {exc}") from exc
+        if pts is not None:  # variable frame rate: count, duration and rate from the timestamps
+            if not pts:
+                c.close()
+                raise VideoError(f"video has no frames: {self.path}")
+            n = len(pts)
+            last = float(np.median(np.diff(pts))) if n > 1 else 1.0 / float(rate) / float(tb)
+            span = float((pts[-1] - pts[0]) * tb) + last * float(tb)
+            rate = n / span  # the mean rate; the timeline holds every frame's own time
+            start = pts[0]
         if n <= 0:
             c.close()
             raise VideoError(f"video has no frames: {self.path}")
         cc = s.codec_context
+        self.timeline = Timeline(start, tb, rate, pts)
         self.info = VideoInfo(self.path, n / float(rate), float(rate), n, int(cc.width), int(cc.height))
-        self._timing = (start, tb, rate)
-        self._decoders = [_Decoder(self.path, threads, start, tb, rate, self.stats, opened=(c, s))]
+        self._decoders = [_Decoder(self.path, threads, self.timeline, self.stats, opened=(c, s))]
         self.lock = threading.Lock()
         self.frame_cache: OrderedDict[tuple, Image.Image] = OrderedDict()  # (index, resize) -> image
 
     def _decoder(self, k: int) -> _Decoder:
         while len(self._decoders) <= k:
-            self._decoders.append(_Decoder(self.path, self.threads, *self._timing, self.stats))
+            self._decoders.append(_Decoder(self.path, self.threads, self.timeline, self.stats))
         return self._decoders[k]
 
     def frames(self, indices: Sequence[int], post=None):
@@ -354,15 +481,21 @@ class VideoReader:
 
 class _ReaderCache:
     """Open readers by file (path, size, mtime), least recently used closed first: one reader per
-    video serves the probe, the overview and every crop of an episode and of its GRPO group."""
+    video serves the probe, the overview and every crop of an episode and of its GRPO group.
+
+    A reader handed out by :meth:`use` is never closed under its user: eviction only drops it from
+    the cache, and the last user closes it. Eviction never waits on a reader's lock while holding
+    the cache's guard, so a busy reader never stalls other opens."""
 
     def __init__(self, max_open: int = 16):
         self.max_open = max_open
         self._items: OrderedDict[tuple, VideoReader] = OrderedDict()
         self._guard = threading.Lock()
+        self._users: dict[int, int] = {}  # id(reader) -> users inside use()
+        self._evicted: set[int] = set()  # dropped from the cache while in use: closed by the last user
         self.opened = 0
 
-    def get(self, path: str) -> VideoReader:
+    def _lookup(self, path: str, take: bool) -> VideoReader:
         p = _check_file(path)
         st = os.stat(p)
         key = (os.path.realpath(p), st.st_size, st.st_mtime_ns)
@@ -370,26 +503,67 @@ class _ReaderCache:
             r = self._items.get(key)
             if r is not None:
                 self._items.move_to_end(key)
+                if take:
+                    self._users[id(r)] = self._users.get(id(r), 0) + 1
                 return r
-        r = VideoReader(p)
+        r = VideoReader(p)  # opened outside the guard: other opens go on meanwhile
+        to_close = []
         with self._guard:
             if key in self._items:  # another thread opened it meanwhile
-                r.close()
-                return self._items[key]
-            self._items[key] = r
-            self.opened += 1
+                to_close.append(r)
+                r = self._items[key]
+            else:
+                self._items[key] = r
+                self.opened += 1
+            if take:
+                self._users[id(r)] = self._users.get(id(r), 0) + 1
             while len(self._items) > self.max_open:
                 _, old = self._items.popitem(last=False)
-                with old.lock:
-                    old.close()
-            return r
+                if self._users.get(id(old)):
+                    self._evicted.add(id(old))  # in use: its last user closes it
+                else:
+                    to_close.append(old)
+        for old in to_close:  # outside the guard
+            with old.lock:
+                old.close()
+        return r
+
+    def get(self, path: str) -> VideoReader:
+        """The reader of ``path`` for its metadata (``.info``, ``.timeline``); decode through :meth:`use`."""
+        return self._lookup(path, take=False)
+
+    @contextmanager
+    def use(self, path: str):
+        """``with READERS.use(path) as r:`` the reader, locked for this thread and never closed
+        until the block ends."""
+        r = self._lookup(path, take=True)
+        try:
+            with r.lock:
+                yield r
+        finally:
+            close = False
+            with self._guard:
+                n = self._users.get(id(r), 1) - 1
+                if n:
+                    self._users[id(r)] = n
+                else:
+                    self._users.pop(id(r), None)
+                    close = id(r) in self._evicted
+                    self._evicted.discard(id(r))
+            if close:
+                with r.lock:
+                    r.close()
 
     def clear(self) -> None:
         with self._guard:
-            for r in self._items.values():
+            items = list(self._items.values())
+            self._items.clear()
+            busy = [r for r in items if self._users.get(id(r))]
+            self._evicted.update(id(r) for r in busy)
+        for r in items:
+            if r not in busy:
                 with r.lock:
                     r.close()
-            self._items.clear()
 
 
 READERS = _ReaderCache()
@@ -478,27 +652,31 @@ def _frames_at(
     """Frames at ``times`` (nearest frame each), resized. With the PyAV reader, frames already
     decoded and resized for this video (an earlier crop, another rollout of the group) are reused;
     the returned images are shared: copy one before changing it."""
-    indices = frame_indices(info.num_frames, info.fps, times)
     vr = _decord_reader(info.path) if (backend or DEFAULT_BACKEND) == "decord" else None
     if vr is not None:
+        indices = frame_indices(info.num_frames, info.fps, times)
         arr = _decord_frames(vr, info.path, indices)
         imgs = [resize_frame(Image.fromarray(a), factor, min_pixels, max_pixels) for a in arr]
-    else:
-        r = open_reader(info.path)
+        return [Frame(timestamp=round(i / info.fps, 3), image=img) for i, img in zip(indices, imgs)]
+    with READERS.use(info.path) as r:
+        tl = r.timeline
+        # the frame nearest each requested time, and that frame's own time (variable-rate files: from
+        # the stream's timestamps, so the prompt shows when the frame was really on screen)
+        indices = [tl.nearest(t) for t in times] if tl.variable else frame_indices(info.num_frames, info.fps, times)
         keys = [(i, factor, min_pixels, max_pixels) for i in indices]
-        with r.lock:
-            todo = sorted({k[0] for k in keys if k not in r.frame_cache})
-            if todo:
-                resized = r.frames(todo, post=lambda a: resize_frame(Image.fromarray(a), factor, min_pixels, max_pixels))
-                for i, img in zip(todo, resized):
-                    r.frame_cache[(i, factor, min_pixels, max_pixels)] = img
-            imgs = []
-            for k in keys:
-                r.frame_cache.move_to_end(k)
-                imgs.append(r.frame_cache[k])
-            while len(r.frame_cache) > FRAME_CACHE_ITEMS:
-                r.frame_cache.popitem(last=False)
-    return [Frame(timestamp=round(i / info.fps, 3), image=img) for i, img in zip(indices, imgs)]
+        todo = sorted({k[0] for k in keys if k not in r.frame_cache})
+        if todo:
+            resized = r.frames(todo, post=lambda a: resize_frame(Image.fromarray(a), factor, min_pixels, max_pixels))
+            for i, img in zip(todo, resized):
+                r.frame_cache[(i, factor, min_pixels, max_pixels)] = img
+        imgs = []
+        for k in keys:
+            r.frame_cache.move_to_end(k)
+            imgs.append(r.frame_cache[k])
+        while len(r.frame_cache) > FRAME_CACHE_ITEMS:
+            r.frame_cache.popitem(last=False)
+    return [Frame(timestamp=round(tl.time(i) if tl.variable else i / info.fps, 3), image=img)
+            for i, img in zip(indices, imgs)]
 
 
 def uniform_times(start: float, end: float, k: int) -> list[float]:

@@ -48,6 +48,7 @@ class EngineHandle:
     image_token_id: int | None = None
     urls: list[str] = field(default_factory=list)  # every server behind the engine (weights go to each)
     model_name: str | None = None  # the name vLLM requests must send
+    weight_sync: str = "paravt"  # how vLLM rollout servers load a pushed checkpoint (VLLMServerConfig.weight_sync)
 
     def __post_init__(self):
         if not self.urls and self.url:
@@ -83,7 +84,8 @@ class EngineHandle:
         if self.kind == "vllm":
             from paravt.engines.vllm import VLLMEngine  # noqa: PLC0415
 
-            return VLLMEngine(url, model=self.model_name, image_token_id=self.image_token_id, max_retries=1)
+            return VLLMEngine(url, model=self.model_name, image_token_id=self.image_token_id, max_retries=1,
+                              weight_sync=self.weight_sync)
         from paravt.engines.sglang import SGLangEngine  # noqa: PLC0415
 
         return SGLangEngine(url, image_token_id=self.image_token_id)
@@ -111,15 +113,18 @@ class EngineHandle:
 
 
 def replica_configs(server: Any, replicas: int, model: str) -> list[Any]:
-    """``replicas`` copies of a server config: ports ``port, port+1, ...``, the GPUs split in order
+    """``replicas`` copies of a server config: ports ``port, port+1, ...`` (0: free ports), the GPUs split in order
     (``tp_size`` each), a log file each. On CPU (no GPUs) every replica shares the machine."""
     out = []
     gpus = list(getattr(server, "gpus", []) or [])
     tp = getattr(server, "tp_size", 1)
     if gpus and len(gpus) < replicas * tp:
         raise ValueError(f"{replicas} server replica(s) x tp_size {tp} need {replicas * tp} GPUs, got {gpus}")
+    from paravt.models.parallel import free_port  # noqa: PLC0415
+
     for i in range(replicas):
-        kw: dict[str, Any] = {"model_path": str(model), "port": server.port + i}
+        # port 0: a free port each (tests, shared machines)
+        kw: dict[str, Any] = {"model_path": str(model), "port": server.port + i if server.port else free_port()}
         if gpus:
             kw["gpus"] = gpus[i * tp:(i + 1) * tp]
         if server.log_file and replicas > 1:
@@ -224,14 +229,16 @@ def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32
     pad = image_pad_id(processor.tokenizer)
     banned = vision_token_ids(processor.tokenizer)
     name = (server.served_model_name if isinstance(server, VLLMServerConfig) else None) or model_name
+    sync = server.weight_sync if isinstance(server, VLLMServerConfig) else "paravt"
     engines = []
     for u, srv in servers:
         if kind == "vllm":
             engines.append(VLLMEngine(u, server=srv, model=name, banned_token_ids=banned, image_token_id=pad,
-                                      max_retries=max_retries, weight_version=weight_version))
+                                      max_retries=max_retries, weight_version=weight_version, weight_sync=sync))
         else:
             engines.append(SGLangEngine(u, server=srv if isinstance(srv, SGLangServer) else None,
                                         banned_token_ids=banned, image_token_id=pad, max_retries=max_retries))
             engines[-1].weight_version = weight_version
     engine = engines[0] if len(engines) == 1 else EnginePool(engines)
-    return EngineHandle(kind, engine, servers[0][0], procs, pad, urls=[u for u, _ in servers], model_name=name)
+    return EngineHandle(kind, engine, servers[0][0], procs, pad, urls=[u for u, _ in servers], model_name=name,
+                        weight_sync=sync)

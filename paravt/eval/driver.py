@@ -95,23 +95,39 @@ def _git_commit() -> str | None:
         return None
 
 
+#: EvalConfig fields that do not change a split's answers (where results go, how fast and how
+#: loudly the run goes, how lost samples are judged, where the data is found). Every other field,
+#: nested ones included, is part of the resume identity: a new setting is in it by default.
+IDENTITY_EXCLUDED = frozenset({
+    "row", "out", "splits", "data_root", "split_paths", "hub", "concurrency", "limit", "progress", "resume",
+    "save_trajectory", "trajectory_thumbnails", "max_error_fraction", "retries", "shard_id", "num_shards",
+    "server.urls", "server.base_port", "server.restart_between_datasets", "server.python",
+    "mcq_judge.api_key_env", "mcq_judge.timeout_s",
+})
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and all(isinstance(x, str) for x in v):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
 def run_identity(cfg: "EvalConfig", split: str) -> dict[str, Any]:
-    """Everything that changes a split's answers; resuming requires it to match."""
+    """Everything that changes a split's answers; resuming requires it to match. Derived from the
+    config: every field except :data:`IDENTITY_EXCLUDED` (and their sub-fields), plus the weights'
+    fingerprint and the derived tool switch."""
     from dataclasses import asdict  # noqa: PLC0415
 
-    return {"split": split, "model": str(cfg.model), "weights": weights_fingerprint(str(cfg.model)),
-            "backend": cfg.backend, "nframes": cfg.nframes, "prompt_mode": cfg.prompt_mode,
-            "use_tools": cfg.agentic, "channel": cfg.channel, "overview": cfg.overview,
-            "think_prefix": cfg.think_prefix, "overview_pixels": [cfg.overview_min_pixels, cfg.overview_max_pixels],
-            "max_turns": cfg.max_turns, "max_parallel": cfg.max_parallel, "max_new_tokens": cfg.max_new_tokens,
-            "temperature": cfg.temperature, "final_answer_tokens": [cfg.final_answer_tokens_mcq,
-                                                                     cfg.final_answer_tokens_tvg],
-            **({"penalties": [cfg.frequency_penalty, cfg.presence_penalty]}
-               if cfg.frequency_penalty or cfg.presence_penalty else {}),  # absent when off: old runs resume
-            "subtitle_max_chars": cfg.subtitle_max_chars, "crop": {k: v for k, v in asdict(cfg.crop).items() if k != "decoder"},  # decoders give equal frames
-            "shard": [cfg.shard_id, cfg.num_shards],
-            **({"mcq_judge": {"base_url": cfg.mcq_judge.base_url, "model": cfg.mcq_judge.model}}
-               if cfg.mcq_judge.base_url else {})}
+    flat = _flatten(asdict(cfg))
+    keep = {k: v for k, v in flat.items()
+            if not any(k == x or k.startswith(x + ".") for x in IDENTITY_EXCLUDED)}
+    return {"split": split, "weights": weights_fingerprint(str(cfg.model)), "use_tools": cfg.agentic,
+            "shard": [cfg.shard_id, cfg.num_shards], **keep}
 
 
 def bootstrap_stderr(values: list[float], seed: int = 0, n_boot: int = 1000) -> float:
@@ -315,6 +331,15 @@ def served_video_frames(prompt_ids: list[int], processor, k: int, video: str) ->
     return frames, None
 
 
+def answer_readable(rec: dict[str, Any], qtype: str) -> bool:
+    """The scored record holds an answer of the question's kind (mcq: a letter; tvg: a span; oe: text)."""
+    if qtype == "mcq":
+        return extract_mcq_letter(rec.get("pred") or "") is not None
+    if qtype == "tvg":
+        return rec.get("pred_span") is not None
+    return bool(str(rec.get("pred") or "").strip())
+
+
 def score(sample: EvalSample, completion: str) -> dict[str, Any]:
     """The record fields of :func:`paravt.core.scoring.score` (``score``: correct for mcq/oe, IoU for tvg)."""
     sc = score_completion(completion, sample.answer, sample.question_type, "f1")
@@ -508,8 +533,10 @@ class Evaluator:
             except Exception as exc:  # noqa: BLE001 - a failed judge leaves the strict score as it is
                 rec["judge_error"] = f"{type(exc).__name__}: {exc}"[:300]
         rec.update({"tool_calls": traj.stats["tool_calls"], "turns": len(traj.turns), "end_reason": traj.end_reason,
+                    # direct prompts have no tool structure to follow: compliant = an answer of the
+                    # question's kind was read (a letter, a span, a non-empty text)
                     "well_formed": episode_well_formed([t.text for t in traj.turns])
-                    if cfg.prompt_mode != "direct" else True, "seconds": round(time.perf_counter() - t0, 3)})
+                    if cfg.prompt_mode != "direct" else answer_readable(rec, s.question_type), "seconds": round(time.perf_counter() - t0, 3)})
         if cfg.save_trajectory:
             rec["trajectory"] = traj.redacted(thumbnails=cfg.trajectory_thumbnails)
             rec["trajectory"].update({"question": s.question, "question_type": s.question_type, "answer": s.answer,

@@ -27,11 +27,16 @@ from paravt.core.seeding import rng
 
 ROWS = [("sft-notool", "SFT, no tools"), ("sft-tool", "SFT, with tools"), ("vanilla-tool", "vanilla GRPO"),
         ("paragrpo-tool", "PARA-GRPO")]
-# (what the paper says, row B, row A, K): the effect is B - A on the same questions.
-COMPARISONS = [("tools help at small K (SFT)", "sft-tool", "sft-notool", 4),
-               ("PARA-GRPO vs vanilla GRPO", "paragrpo-tool", "vanilla-tool", 4),
-               ("PARA-GRPO vs vanilla GRPO", "paragrpo-tool", "vanilla-tool", 64),
-               ("RL vs SFT (PARA-GRPO)", "paragrpo-tool", "sft-tool", 4)]
+# (what the paper says, row B, K of B, row A, K of A): the effect is B - A on the same questions.
+COMPARISONS = [("tools help at small K (SFT)", "sft-tool", 4, "sft-notool", 4),
+               ("4 frames with tools vs 64 without (SFT)", "sft-tool", 4, "sft-notool", 64),
+               ("4 frames with tools (PARA-GRPO) vs 64 without (SFT)", "paragrpo-tool", 4, "sft-notool", 64),
+               ("PARA-GRPO vs vanilla GRPO", "paragrpo-tool", 4, "vanilla-tool", 4),
+               ("PARA-GRPO vs vanilla GRPO", "paragrpo-tool", 64, "vanilla-tool", 64),
+               ("RL vs SFT (PARA-GRPO)", "paragrpo-tool", 4, "sft-tool", 4)]
+#: An effect on score is stated only when both arms follow their format this often: a comparison with an
+#: arm that cannot answer (it opens a tool call it may not make) measures format, not evidence.
+MIN_COMPLIANCE = 0.9
 CURVES = ["format/compliance", "tools/call_frequency", "reward/acc", "reward/total"]
 
 
@@ -86,7 +91,7 @@ def per_question(out: Path, row: str, key: str = "score") -> dict[str, float]:
 def constant_answers(out: Path, share: float = 0.8, min_n: int = 10) -> list[str]:
     """Rows whose mcq / oe answers are (nearly) one constant: the most common prediction given to at least
     ``share`` of ``min_n``+ questions of a type. Accuracy there is how often the gold happens to be that
-    answer, and a difference against another row can be format, not evidence use (#25: a model that
+    answer, and a difference against another row can be format, not evidence use (measured: a model that
     answered "B" and "yellow" to everything showed "tools help" +15 points because without tools it
     never answered)."""
     notes = []
@@ -102,18 +107,30 @@ def constant_answers(out: Path, share: float = 0.8, min_n: int = 10) -> list[str
     return notes
 
 
+def _comparison(c) -> tuple[str, str, int, str, int]:
+    return c if len(c) == 5 else (c[0], c[1], c[3], c[2], c[3])  # (name, B, A, K): one K for both
+
+
 def effects_table(out: Path, seed: int = 0, comparisons=None) -> str:
-    """Paired B − A differences per (name, B row, A row, K) comparison (default: the quickstart's)."""
+    """Paired B − A differences per comparison (default: the quickstart's), with each arm's format
+    compliance; a score effect is stated only when both arms are at least MIN_COMPLIANCE compliant."""
     lines = []
-    for name, b, a, k in comparisons or COMPARISONS:
+    for c in comparisons or COMPARISONS:
+        name, b, kb, a, ka = _comparison(c)
+        ca = per_question(out, f"{a}-K{ka}", "well_formed")
+        cb = per_question(out, f"{b}-K{kb}", "well_formed")
+        comp = [sum(x.values()) / len(x) if x else 0.0 for x in (ca, cb)]
         for key, label in (("score", "score"), ("well_formed", "format compliance")):
-            r = paired_delta(per_question(out, f"{a}-K{k}", key), per_question(out, f"{b}-K{k}", key), seed=seed)
+            r = paired_delta(per_question(out, f"{a}-K{ka}", key), per_question(out, f"{b}-K{kb}", key), seed=seed)
             if not r["n"]:
                 continue
             shown = "yes" if r["lo"] > 0 else ("reversed" if r["hi"] < 0 else "no (interval contains 0)")
-            lines.append(f"| {name} | {k} | {label} | {100 * r['delta']:+.1f} | [{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] | "
-                         f"{r['b_better']} / {r['a_better']} of {r['n']} | {shown} |")
-    return md_table(["effect (B − A)", "K", "metric", "Δ (points)", "95% bootstrap interval",
+            if key == "score" and min(comp) < MIN_COMPLIANCE:
+                shown = f"not stated: an arm is {100 * min(comp):.0f}% compliant (< {100 * MIN_COMPLIANCE:.0f}%)"
+            k = str(ka) if ka == kb else f"{kb} vs {ka}"
+            lines.append(f"| {name} | {k} | {label} | {100 * comp[1]:.0f} / {100 * comp[0]:.0f} | {100 * r['delta']:+.1f} | "
+                         f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] | {r['b_better']} / {r['a_better']} of {r['n']} | {shown} |")
+    return md_table(["effect (B − A)", "K", "metric", "compliance B / A (%)", "Δ (points)", "95% bootstrap interval",
                      "questions B better / A better", "shown"], lines)
 
 
@@ -215,7 +232,7 @@ def gtr_report(out: Path, ks=(4, 64)) -> str:
                 rows.append(f"| {label} | {k} | {s.get('evaluated', '')} | {_cell(s, 'score')} | {_cell(s, 'format_compliance')} | "
                             f"{_cell(s, 'tool_usage_rate')} |")
     table = ["| run | K | questions | score | format compliance | tool use |", "|---|---|---|---|---|---|", *rows]
-    effects = effects_table(out, comparisons=[("GTR − PARA-GRPO", "gtr", "paragrpo", k) for k in ks])
+    effects = effects_table(out, comparisons=[("GTR − PARA-GRPO", "gtr", k, "paragrpo", k) for k in ks])
     train = []
     for label, d in GTR_ARMS:
         metrics = read_jsonl(out / d / "metrics.jsonl")
@@ -257,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                 first_last.append(f"| {n} | {key} | {fa:.3f} | {fb:.3f} |")
     md = [f"# Quickstart report ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {platform.node()})", "",
           "Held-out synthetic eval set; K = overview frames. score = accuracy (mcq, oe) and temporal IoU (tvg) averaged;",
-          "all in %. Tools run as weight-sharing sub-agents (greedy), as in training.",
+          "all in %. Tools run as weight-sharing sub-agents (greedy), as in training; the no-tools rows use the direct",
+          "prompt (the model answers from its K frames). One seed: intervals are over questions within this run",
+          "(bash scripts/reproduce_tiny.sh gives effects across seeds).",
           "", table, ""]
     constant = constant_answers(out)
     if constant:

@@ -49,13 +49,23 @@ def encode_prompt(processor, messages: list[dict[str, Any]], prefix: str = "") -
 #: another they take ~5 ms each alone, 8-11 ms in an episode (benchmarks/README.md), so the first request
 #: reaches the engine at ~11-15 ms instead of ~38 ms. The heavy tensor work inside one encoding still
 #: uses torch's intra-op threads, so one worker does not cap a many-core node to one core.
-ENCODE_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paravt-encode")
+#: ``PARAVT_ENCODE_WORKERS`` sets the worker count (benchmarks/bench_encode_pool.py measures 1 vs more
+#: at 64 samples in flight: threads share the GIL, so more of them only pay on a node where the
+#: encodings' own torch ops are a large share).
+def encode_workers() -> int:
+    try:
+        return max(1, int(os.environ.get("PARAVT_ENCODE_WORKERS", "1")))
+    except ValueError:
+        raise ValueError(f"PARAVT_ENCODE_WORKERS must be an integer >= 1, got {os.environ['PARAVT_ENCODE_WORKERS']!r}") from None
+
+
+ENCODE_POOL = ThreadPoolExecutor(max_workers=encode_workers(), thread_name_prefix="paravt-encode")
 
 
 def _after_fork_in_child() -> None:  # a forked child has none of the parent's pool threads
     global ENCODE_POOL
     _INHERITED.append(ENCODE_POOL)
-    ENCODE_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paravt-encode")
+    ENCODE_POOL = ThreadPoolExecutor(max_workers=encode_workers(), thread_name_prefix="paravt-encode")
 
 
 _INHERITED: list = []

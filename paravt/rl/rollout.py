@@ -198,8 +198,9 @@ class RolloutWorker:
         versions = [turn.weight_version for t in trajs for turn in t.turns]
         if versions:  # the policy versions that generated this batch, as the engine(s) reported them
             metrics.update({"rollout/version_min": min(versions), "rollout/version_max": max(versions)})
-        for i, n in enumerate(getattr(self.engine, "served", []) or []):  # several servers: requests each answered
-            metrics[f"rollout/requests_server{i}"] = n
+        if hasattr(self.engine, "take_served"):  # several servers: requests each answered in this step
+            for i, n in enumerate(self.engine.take_served()):
+                metrics[f"rollout/requests_server{i}"] = n
         return RolloutBatch(step, samples, metrics, self._trajectory_records(step, trajs, rewards, prompts, groups),
                             time.perf_counter() - t0, min(versions) if versions else 0, corrections,
                             len(lost) / max(1, len(prompts)), first)

@@ -94,6 +94,7 @@ def test_missing_and_corrupt_files_name_the_file(tmp_path):
 
 def test_decord_backend_gives_the_same_frames(video):
     """The default PyAV reader and the design's decord: same probe, same timestamps, same pixels."""
+    pytest.importorskip("decord", reason="decord has no wheel for this platform (aarch64)")
     spec, path = video
     assert probe(path, "decord") == probe(path)
     for k in (1, 8, 80):
@@ -124,7 +125,7 @@ def test_reader_is_frame_exact(numbered, name, workers):
     """Every returned frame is the one at its index: the number it draws, and decord's pixels."""
     import random
 
-    import decord
+    decord = pytest.importorskip("decord", reason="decord has no wheel for this platform (aarch64)")
 
     from paravt.core.video import VideoReader
     from paravt.data.synthetic.render import read_frame_number

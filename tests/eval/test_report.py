@@ -56,11 +56,18 @@ def test_effects_table_from_per_question_files(tmp_path):
         d.mkdir(parents=True)
         d.joinpath("synthetic.jsonl").write_text("".join(
             json.dumps({"id": f"q{i}", "score": s, "well_formed": w}) + "\n" for i, (s, w) in enumerate(zip(scores, formed))))
-    write("sft-notool-K4", [0.0] * 40, [False] * 40)
+    write("sft-notool-K4", [0.0] * 40, [False] * 40)  # an arm that cannot answer (0% compliant)
     write("sft-tool-K4", [1.0] * 30 + [0.0] * 10, [True] * 40)
+    write("sft-notool-K64", [1.0] * 20 + [0.0] * 20, [True] * 38 + [False] * 2)  # 95% compliant
     md = effects_table(tmp_path)
-    assert "| tools help at small K (SFT) | 4 | score | +75.0 |" in md and "30 / 0 of 40 | yes |" in md
-    assert "| tools help at small K (SFT) | 4 | format compliance | +100.0 | [+100.0, +100.0] |" in md
+    # against the non-compliant arm the score effect is measured but not stated: it would be format
+    assert "| tools help at small K (SFT) | 4 | score | 100 / 0 | +75.0 |" in md
+    assert "30 / 0 of 40 | not stated: an arm is 0% compliant (< 90%) |" in md
+    assert "| tools help at small K (SFT) | 4 | format compliance | 100 / 0 | +100.0 | [+100.0, +100.0] |" in md
+    # 4 frames with tools against 64 without: both arms compliant, the effect is stated
+    assert "| 4 frames with tools vs 64 without (SFT) | 4 vs 64 | score | 100 / 95 | +25.0 |" in md
+    line = next(x for x in md.splitlines() if x.startswith("| 4 frames with tools vs 64 without (SFT) | 4 vs 64 | score"))
+    assert line.endswith("| yes |")
     assert "PARA-GRPO" not in md  # rows that were not evaluated are left out
 
 
@@ -80,7 +87,7 @@ def test_gtr_report_pairs_the_two_arms_and_reads_collapse_metrics(tmp_path):
         (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(
             {"step": i + 1, "gtr/distinct_thought_fraction": v, "reward/acc": 0.1}) + "\n" for i, v in enumerate(div)))
     md = gtr_report(tmp_path, ks=(4,))
-    assert "| GTR − PARA-GRPO | 4 | score | +25.0 |" in md and "10 / 0 of 40 | yes |" in md
+    assert "| GTR − PARA-GRPO | 4 | score | 100 / 100 | +25.0 |" in md and "10 / 0 of 40 | yes |" in md
     assert "| PARA-GRPO | gtr/distinct_thought_fraction | 0.900 | 0.300 |" in md
     assert "| PARA-GRPO+GTR | gtr/distinct_thought_fraction | 0.900 | 0.800 |" in md
     assert (tmp_path / "gtr_report.md").read_text() == md and (tmp_path / "gtr_curves.png").stat().st_size > 1000

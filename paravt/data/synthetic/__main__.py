@@ -13,15 +13,14 @@ from paravt.data.synthetic.world import MCQ_OPTIONS, READING_FORMATS, REPORT_WOR
 from paravt.data.synthetic.writer import build_world
 
 
-# Named sets of world knobs (explicit flags still override them). "needle": the quickstart's world since
-# #25 - one event per 120 s video, four parallel 30 s crops at 1 fps, and every answer a copy of what
+# Named sets of world knobs (explicit flags still override them). "needle": the quickstart's world - one event per 120 s video, four parallel 30 s crops at 1 fps, and every answer a copy of what
 # the world shows (no arithmetic on times, no lookup among options, no shape to perceive): the tasks a
-# 4 x 128 model trained in minutes can learn to read (docs/RESULTS.md, session 14).
+# 4 x 128 model trained in minutes can learn to read (docs/RESULTS.md).
 PRESETS: dict[str, dict] = {
     "default": {},
     "needle": {"max_events": 1, "min_duration": 120, "max_duration": 120, "coarse_window_s": 30.0,
                "crop_max_frames": 30, "fine_round": False, "tvg_pad_s": 0.0, "mcq_options": "fixed",
-               "report_shapes": False, "reading_curriculum": True, "reading_answer_tags": True},
+               "report_shapes": False, "reading_curriculum": True, "reading_answer_tags": True, "direct_rows": 0.5},
 }
 
 

@@ -124,3 +124,55 @@ def write_numbered_video(path: Path, seconds: float, fps: int = 24, width: int =
             c.mux(p)
     os.replace(tmp, path)
     return path
+
+
+def write_timed_video(path: Path, times_s, codec: str = "libx264", width: int = 160, height: int = 96,
+                      time_base: str = "1/90000", options: dict | None = None, audio_first: bool = False,
+                      rate: int | None = None) -> Path:
+    """A short video whose frame ``i`` draws ``i`` (read back by :func:`read_frame_number`) and is
+    shown at ``times_s[i]`` seconds: constant, dropped-frame, jittered or offset timelines written as
+    the container stores them (each frame's ``pts`` set in ``time_base``). The container follows
+    the suffix (mp4, mkv, webm, mov); ``audio_first`` adds a silent AAC stream before the video one
+    (stream 0 is then audio, as in many downloads)."""
+    import fractions  # noqa: PLC0415
+
+    import av  # noqa: PLC0415
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tb = fractions.Fraction(time_base)
+    rng = np.random.default_rng(0)
+    tex = rng.integers(40, 216, size=(height, width), dtype=np.uint8)
+    block = width // (BARCODE_BITS + 2)
+    with av.open(str(path), mode="w") as c:
+        if audio_first:
+            a = c.add_stream("aac", rate=48000)
+            a.layout = "mono"
+        s = c.add_stream(codec, rate=rate or max(1, round(len(times_s) / max(times_s[-1], 1e-3))))
+        s.width, s.height = width, height
+        s.pix_fmt = "yuv420p"
+        s.time_base = tb
+        s.codec_context.time_base = tb
+        if options:
+            s.options = dict(options)
+        for i, t in enumerate(times_s):
+            yp = tex.copy()
+            for b in range(BARCODE_BITS):
+                x0 = int((1 + b) / (BARCODE_BITS + 2) * width)
+                yp[block:2 * block, x0:x0 + block] = 235 if (i >> b) & 1 else 16
+            frame = av.VideoFrame.from_ndarray(np.stack([yp] * 3, -1), format="rgb24").reformat(format="yuv420p")
+            frame.pts = int(round(t / tb))
+            frame.time_base = tb
+            for p in s.encode(frame):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+        if audio_first:  # one second of silence so the stream is not empty
+            af = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            af.sample_rate = 48000
+            af.pts = 0
+            for p in a.encode(af):
+                c.mux(p)
+            for p in a.encode():
+                c.mux(p)
+    return path

@@ -169,6 +169,26 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     return {"turns": turns, "crops": crops}
 
 
+def direct_answer(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig) -> str:
+    """The expert's one turn without tools (the ``direct`` prompt): what the K overview frames show,
+    then the answer. An event the overview misses is answered all the same (the gold answer, as any
+    video QA SFT row is): the no-tools arm learns the answer format and answers from what it sees."""
+    ev = next(e for e in spec.events if e.shape == q["shape"])
+    ov = overview_timestamps(spec.num_frames, spec.fps, k)
+    seen = [t for t in ov if ev.visible_at(t)]
+    desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
+    span = None
+    if seen:
+        thought = f"In the overview {desc} is visible {where(seen)}."
+        if q["question_type"] == "tvg":
+            spacing = spec.duration / max(1, len(ov))
+            span = tvg_span(cfg, spec.duration, seen[0], seen[-1], spacing / 2)
+    else:
+        thought = f"{desc.capitalize()} is not visible in the overview frames."
+    tail = f" {_answer_sentence(q)}" if seen and q["question_type"] != "tvg" else ""
+    return f"{THINK_PREFIX}{restate(q)} {thought}{tail}\n</think>\n<answer>{_answer_text(q, span)}</answer>"
+
+
 # ---------------------------------------------------------------------------------------
 # Rows in the released schemas
 # ---------------------------------------------------------------------------------------
@@ -270,7 +290,7 @@ def reading_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
     The tiny model's reading lessons (the embedded default only; Qwen3-VL-8B reads from its
     pretraining): mixed into the SFT batches (quickstart ``SFT_READING=1``) they turn the copy
     warm-up's induction circuit into a lookup; mixed into the perception batches they leave perception
-    at chance (docs/RESULTS.md, session 10)."""
+    at chance (docs/RESULTS.md)."""
     r = py_rng(cfg.seed, "reading-rows")
     rows, j = [], 0
     prompt = system_prompt(cfg.system_mode)

@@ -59,8 +59,12 @@ class WorldConfig:
     mcq_options: str = "random"
     crop_max_frames: int = 16
     perception_windows: int = 24  # 1-4 s sub-agent windows per train video in paravt_perception_synth.parquet
+    # Fraction of the train questions that also get a row without tools (the direct prompt, K overview
+    # frames, one answer turn), so "no tools at K" is the model answering from its K frames, not a tool
+    # call it cannot make (a fair no-tools arm). 0: none.
+    direct_rows: float = 0.0
     reading_rows: int = 3000  # text-only reading rows (reports -> answer) in paravt_reading_synth.parquet
-    # user: the reports and the question in one user message, the answer (session 10's rows);
+    # user: the reports and the question in one user message, the answer;
     # episode: the main agent's own conversation without overview frames (system prompt, question,
     # the expert's crop calls, the perfect reports as tool messages, the expert's answer turns);
     # episode_answer: the same with only the last assistant turn supervised (the others "weight": 0);
@@ -69,9 +73,9 @@ class WorldConfig:
     # Fraction of the user-format reading rows that carry the world's system prompt (system_mode) as a
     # system message, spread evenly (0: none). The tiny model's copy learnt on ~210-token rows fails at
     # episode length (teacher-forced, same rows: 100% -> 55% with the 480-token prompt before them;
-    # docs/RESULTS.md session 15): rows with the long prefix teach the copy at the length it is used.
+    # docs/RESULTS.md, "reading curriculum"): rows with the long prefix teach the copy at the length it is used.
     reading_system_frac: float = 0.0
-    # Also write the later phases of the tiny main agent's reading lessons (docs/RESULTS.md session 15):
+    # Also write the later phases of the tiny main agent's reading lessons (docs/RESULTS.md, "reading curriculum"):
     # paravt_reading_long_synth.parquet (the same tasks, user format, every other row after the system
     # prompt: the copy kept at episode length) and paravt_reading_episode_synth.parquet (the same tasks,
     # every other row as the main agent's own episode: the copy into tool messages and the answer tag).
@@ -80,13 +84,13 @@ class WorldConfig:
     # The user-format reading answers end as the episode's last turn does: "<think>\n...</think>\n<answer>X</answer>".
     # The tag's colour ("yellow") is another token than the thought's (" yellow") and is predicted only in
     # the open answers' tags otherwise: without these rows the tiny agent's open answers are one constant
-    # (docs/RESULTS.md session 15: K = 4 with tools 35.6 -> 67.2 on the same world and perception).
+    # (measured in docs/RESULTS.md: K = 4 with tools 35.6 -> 67.2 on the same world and perception).
     reading_answer_tags: bool = False
     # How a sighting is worded in the sub-agent reports and the expert's thoughts. colour_first (the
-    # default, sessions 1-11): "A yellow circle is visible from 14.0 to 17.0 seconds."; shape_first:
+    # default): "A yellow circle is visible from 14.0 to 17.0 seconds."; shape_first:
     # "The circle is yellow, visible from 14.0 to 17.0 seconds." - the key (shape) before the values
     # (colour, times), so the main agent's "The circle is" is continued by copying the report
-    # (induction), and no other thought starts "The <shape> is" (#25's forward wording).
+    # (induction), and no other thought starts "The <shape> is".
     report_wording: str = "colour_first"
     # False: the sub-agent reports name no shape ("A yellow shape is visible from 14.0 to 17.0 seconds."):
     # the tiny model perceives colour far better than shape (colour+shape ~30% on held-out crops), and a
@@ -104,6 +108,8 @@ class WorldConfig:
             raise ValueError("videos too short for their events")
         if self.perception_windows < 0 or self.reading_rows < 0:
             raise ValueError(f"perception_windows/reading_rows must be >= 0, got {self.perception_windows}/{self.reading_rows}")
+        if not 0.0 <= self.direct_rows <= 1.0:
+            raise ValueError(f"direct_rows must be in [0, 1], got {self.direct_rows}")
         if not 0.0 <= self.reading_system_frac <= 1.0:
             raise ValueError(f"reading_system_frac must be in [0, 1], got {self.reading_system_frac}")
         if self.reading_format not in READING_FORMATS:

@@ -18,6 +18,7 @@ from paravt.core.seeding import py_rng
 from paravt.core.video import overview_timestamps
 from paravt.data.synthetic.render import write_video
 from paravt.data.synthetic.traces import (
+    direct_answer,
     expert_trajectory,
     reading_rows,
     rl_record,
@@ -56,7 +57,8 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
             write_video(spec, path)
 
     sft, rl, ev_rows = [], [], []
-    n_sub = 0
+    n_sub = n_direct = 0
+    direct_system = system_prompt("direct")
     for split, rows in (("train", rl), ("eval", ev_rows)):
         for spec in specs[split]:
             r = py_rng(cfg.seed, "questions", spec.id)
@@ -75,6 +77,14 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
                     for s, e in traj["crops"]:
                         sft.append(subagent_row(spec, cfg, f"{qid}_sub{n_sub}", s, e))
                         n_sub += 1
+                    rd = py_rng(cfg.seed, "direct", qid)  # its own stream: the other rows stay as they were
+                    if cfg.direct_rows and rd.random() < cfg.direct_rows:  # the no-tools arm's format
+                        kd = rd.choice(OVERVIEW_KS)
+                        turn = direct_answer(spec, q, kd, cfg)
+                        sft.append({"id": f"{qid}_direct", "kind": "direct", "nframes": kd,
+                                    "messages": json.dumps(sft_main_messages(spec, q, kd, {"turns": [turn]}, direct_system)),
+                                    "videos": [{"video": spec.rel_path}]})
+                        n_direct += 1
     perception = [row for spec in specs["train"] for row in short_window_rows(spec, cfg, "perception", cfg.perception_windows)]
     _write_parquet(sft, parquet_dir / "paravt_sft_synth.parquet")
     _write_parquet(perception, parquet_dir / "paravt_perception_synth.parquet")
@@ -90,7 +100,7 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
     world = {"config": asdict(cfg), "videos": {s.id: asdict(s) for s in all_specs}}
     (out / "world.json").write_text(json.dumps(world, indent=1, sort_keys=True))
     stats = world_stats(specs, cfg)
-    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "reading_rows": len(reading), "sft_main_rows": len(sft) - n_sub,
+    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "reading_rows": len(reading), "sft_main_rows": len(sft) - n_sub - n_direct, "sft_direct_rows": n_direct,
                   "sft_subagent_rows": n_sub,
                   "rl_rows": len(rl), "eval_rows": len(ev_rows), "build_seconds": round(time.time() - t0, 2),
                   "media_bytes": sum(p.stat().st_size for p in media.rglob("*.mp4"))})

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The tiny reproduction across seeds: N training seeds x {SFT, vanilla GRPO, PARA-GRPO} on one world,
+# every eval cell of the quickstart per seed, then effects with intervals across seeds.
+#   bash scripts/reproduce_tiny.sh [OUT_DIR]          (default: runs/reproduce_tiny)
+#   SEEDS ("0 1 2"): training seeds; WORLD_SEED (0): the world all seeds share
+#   Every size knob of scripts/quickstart.sh applies to each seed (RL_STEPS, EVAL_LIMIT, ...).
+# Resumable: finished stages of each seed are reused (rerun the same command). Each seed takes the
+# quickstart's time (~25-30 min on 2 cores); the world is built once and shared.
+# Writes OUT/seed_<s>/ (a quickstart run each, its report.md) and OUT/report.md (python -m paravt.eval.seeds).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+for a in "$@"; do
+  if [[ "$a" == "-h" || "$a" == "--help" ]]; then sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0" | sed '1s/^/usage: /'; exit 0; fi
+done
+OUT="${1:-$ROOT/runs/reproduce_tiny}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+SEEDS=(${SEEDS:-0 1 2})
+export WORLD_SEED="${WORLD_SEED:-0}"
+FIRST="${SEEDS[0]}"
+i=0
+for S in "${SEEDS[@]}"; do
+  i=$(( i + 1 ))
+  echo "=== seed $S ($i of ${#SEEDS[@]}) -> $OUT/seed_$S ==="
+  mkdir -p "$OUT/seed_$S"
+  if [[ "$S" != "$FIRST" && ! -e "$OUT/seed_$S/world" && -f "$OUT/seed_$FIRST/world/world_stats.json" ]]; then
+    ln -s "../seed_$FIRST/world" "$OUT/seed_$S/world"  # one world for every seed
+  fi
+  SEED="$S" bash "$ROOT/scripts/quickstart.sh" "$OUT/seed_$S"
+done
+source "$ROOT/scripts/_common.sh" cpu
+cd "$ROOT"
+python -m paravt.eval.seeds "$OUT"

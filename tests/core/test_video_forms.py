@@ -1,0 +1,153 @@
+"""Real-world video files: the forms benchmark and user files come in (constant and variable frame
+rate, dropped frames, jittered timestamps, a start offset, audio first, mkv/webm/mp4 with H.264,
+HEVC, VP9 and AV1, interlaced H.264, a file cut mid-GOP). Every frame draws its own ordinal, so each
+sampled frame is read back and its true time compared with the time asked for and the time shown."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paravt.core import video as V
+from paravt.data.synthetic.render import read_frame_number, write_timed_video
+
+N = 150
+
+
+def _dropped():
+    return [i / 30 for i in range(int(N * 1.25)) if i % 5 != 4]  # a 30 fps timeline, every 5th frame missing
+
+
+def _jitter():
+    return list(np.cumsum(np.random.default_rng(1).uniform(0.025, 0.045, N)) - 0.03)  # 25-45 ms apart
+
+
+CFR = [i / 24 for i in range(N)]
+FORMS = {  # name: (file name, frame times, writer options, variable frame rate)
+    "cfr24": ("cfr24.mp4", CFR, {}, False),
+    "ntsc_mkv": ("ntsc.mkv", [i * 1001 / 30000 for i in range(N)], {}, None),
+    "offset_2s": ("offset.mp4", [2 + t for t in CFR], {}, False),
+    "audio_first": ("audio_first.mp4", CFR, {"audio_first": True}, False),
+    "vp9_webm": ("vp9.webm", CFR, {"codec": "libvpx-vp9", "time_base": "1/1000"}, False),
+    "hevc": ("hevc.mp4", CFR, {"codec": "libx265", "options": {"x265-params": "log-level=error"}}, False),
+    "av1": ("av1.mp4", CFR, {"codec": "libsvtav1", "options": {"svtav1-params": "log-level=0"}}, False),
+    "interlaced_h264": ("interlaced.mp4", CFR, {"options": {"flags": "+ilme+ildct", "x264-params": "interlaced=1:tff=1"}},
+                        False),
+    "dropped_frames": ("dropped.mp4", _dropped(), {}, True),
+    "jitter": ("jitter.mp4", _jitter(), {"options": {"bf": "0"}}, True),
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("forms")
+    out = {}
+    for name, (fname, times, kw, _) in FORMS.items():
+        out[name] = (str(write_timed_video(d / fname, times, **kw)), times)
+    return out
+
+
+def _check(frames, times, asked):
+    """Each frame: its true time (from the ordinal it draws), within one local frame interval of the
+    time asked for; the time shown is that true time (to the millisecond the prompt prints)."""
+    t0 = times[0]
+    for f, want in zip(frames, asked):
+        i = read_frame_number(np.asarray(f.image))
+        true = times[i] - t0
+        local = max(times[min(i + 1, len(times) - 1)] - times[i], times[i] - times[max(i - 1, 0)])
+        assert abs(true - want) <= local + 1e-6, (i, true, want, local)
+        assert abs(f.timestamp - true) <= 6e-4, (i, f.timestamp, true)
+
+
+@pytest.mark.parametrize("name", list(FORMS))
+def test_every_form_reads_with_the_time_bound(files, name):
+    path, times = files[name]
+    V.READERS.clear()
+    info = V.probe(path)
+    assert info.num_frames == len(times)
+    assert info.duration == pytest.approx(times[-1] - times[0] + np.median(np.diff(times)), abs=0.05)
+    variable = FORMS[name][3]
+    if variable is not None:
+        assert V.open_reader(path).timeline.variable is variable
+    ov = V.sample_overview(path, 16, min_pixels=64 * 64, max_pixels=200 * 200)
+    assert len(ov) == 16
+    _check(ov, times, V.uniform_times(0.0, info.duration, 16))
+    crop = V.sample_crop(path, 1.0, 4.0, fps=4.0, max_frames=12, min_pixels=64 * 64, max_pixels=200 * 200)
+    _check(crop, times, V.uniform_times(1.0, 4.0, 12))
+
+
+def test_a_file_cut_mid_gop_reads_before_the_cut_and_names_the_file_after(tmp_path):
+    times = [i / 24 for i in range(240)]
+    path = write_timed_video(tmp_path / "whole.mkv", times, options={"g": "48"})
+    cut = tmp_path / "cut.mkv"
+    data = path.read_bytes()
+    cut.write_bytes(data[: int(len(data) * 0.55)])  # mid-GOP, somewhere after 4 s
+    V.READERS.clear()
+    early = V.sample_crop(str(cut), 0.5, 2.5, fps=2.0, min_pixels=64 * 64, max_pixels=200 * 200)
+    _check(early, times, V.uniform_times(0.5, 2.5, 4))
+    with pytest.raises(V.VideoError, match="cut.mkv"):
+        V.sample_overview(str(cut), 16, min_pixels=64 * 64, max_pixels=200 * 200)
+
+
+def test_variable_rate_timestamps_beat_decord(files):
+    """decord maps times to indices with the average rate: on a dropped-frame file its shown times are
+    tens of ms off; ours are the frames' own."""
+    decord = pytest.importorskip("decord", reason="decord has no wheel for this platform")
+    path, times = files["dropped_frames"]
+    vr = decord.VideoReader(path)
+    fps = vr.get_avg_fps()
+    asked = V.uniform_times(0.0, len(vr) / fps, 16)
+    idx = [min(len(vr) - 1, int(round(t * fps))) for t in asked]
+    arr = vr.get_batch(idx).asnumpy()
+    decord_err = max(abs(times[read_frame_number(a)] - times[0] - i / fps) for a, i in zip(arr, idx))
+    V.READERS.clear()
+    ours = V.sample_overview(path, 16, min_pixels=64 * 64, max_pixels=200 * 200)
+    our_err = max(abs(times[read_frame_number(np.asarray(f.image))] - times[0] - f.timestamp) for f in ours)
+    assert our_err < 1e-3 < decord_err
+
+
+def test_decord_asked_for_without_decord_is_one_clear_error(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_decord(name, *a, **kw):
+        if name == "decord":
+            raise ImportError("no decord")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_decord)
+    from paravt.agent.tools import CropConfig
+    with pytest.raises(ValueError, match="decord is not installed"):
+        CropConfig(decoder="decord")
+    with pytest.raises(V.VideoError, match="decord is not installed"):
+        V._decord_reader("x.mp4")
+
+
+def test_reader_cache_never_closes_a_reader_in_use(files, monkeypatch):
+    """More videos than max_open, eight threads decoding at once: no reader is closed under a thread
+    that holds it (that used to surface as an IndexError), every frame is the right one."""
+    import random
+    import threading
+
+    monkeypatch.setattr(V, "READERS", V._ReaderCache(max_open=2))
+    names = ["cfr24", "dropped_frames", "jitter", "vp9_webm", "offset_2s", "ntsc_mkv"]
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(12):
+                path, times = files[rng.choice(names)]
+                ov = V.sample_overview(path, 4, min_pixels=64 * 64, max_pixels=100 * 100)
+                _check(ov, times, V.uniform_times(0.0, V.probe(path).duration, 4))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert V.READERS.opened > 2 and len(V.READERS._items) <= 2 and not V.READERS._users
