@@ -18,8 +18,21 @@ def _package(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (type hints, never imported at run time)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return out
+
+
 def _imports(path: Path):
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             yield from ((a.name, node.lineno) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -62,3 +75,45 @@ def test_the_check_catches_an_upward_import(tmp_path):
     (pkg / "rl" / "y.py").write_text("import paravt.eval.driver\n")
     assert violations(pkg) == ["paravt/core/x.py:2: core imports paravt.agent.episode",
                                "paravt/rl/y.py:1: rl imports paravt.eval.driver"]
+
+
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """Cycles in the module import graph (top-level and lazy imports alike), each as a module list."""
+    mods = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in root.rglob("*.py")}
+    graph = {m: sorted({imp for imp, _ in _imports(p) if imp in mods and imp != m}) for m, p in mods.items()}
+    for m, p in mods.items():  # "from paravt.x import y" where y is a module counts as importing paravt.x.y
+        tree = ast.parse(p.read_text(), str(p))
+        skip = _type_checking_only(tree)
+        for node in ast.walk(tree):
+            if id(node) not in skip and isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                graph[m] += [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods]
+    cycles, state = [], {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in graph[m]:
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                visit(n, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    return cycles
+
+
+def test_no_import_cycle_inside_or_across_packages():
+    assert import_cycles() == []
+
+
+def test_the_cycle_check_catches_a_cycle(tmp_path):
+    pkg = tmp_path / "paravt"
+    (pkg / "eval").mkdir(parents=True)
+    (pkg / "eval" / "a.py").write_text("from paravt.eval.b import f\n")
+    (pkg / "eval" / "b.py").write_text("def f():\n    from paravt.eval import a\n")
+    assert import_cycles(pkg) == [["paravt.eval.a", "paravt.eval.b", "paravt.eval.a"]]

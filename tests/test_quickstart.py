@@ -34,7 +34,11 @@ def test_short_quickstart(tmp_path):
     assert json.loads((out / "world/world.json").read_text())["config"]["max_events"] == 1
     assert json.loads((out / "tiny_model/paravt_tiny.json").read_text())["shape"]["tie_word_embeddings"] is False
     run_cfg = out / "eval/sft-tool-K4/image_url/synthetic.run_config.json"
-    assert json.loads(run_cfg.read_text())["identity"]["crop"]["max_frames"] == 30
+    assert json.loads(run_cfg.read_text())["identity"]["crop.max_frames"] == 30
+    # the no-tools arm answers from its frames: direct rows in the SFT data, the direct prompt in eval
+    assert json.loads((out / "world/world_stats.json").read_text())["sft_direct_rows"] > 0
+    notool = json.loads((out / "eval/sft-notool-K64/image_url/synthetic.run_config.json").read_text())["identity"]
+    assert notool["prompt_mode"] == "direct"
     # SFT in phases (reading -> reading_long -> reading_episode), each from the previous final
     assert pq.read_metadata(out / "world/local/paravt_reading_episode_synth.parquet").num_rows == 300
     for phase in ("sft_reading", "sft_reading_long"):
@@ -45,3 +49,14 @@ def test_short_quickstart(tmp_path):
     r2 = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=900,
                         env={**os.environ, "QUICKSTART_SMALL": "1"})
     assert r2.returncode == 0 and r2.stdout.count("reusing") >= 7
+    # across seeds: this run is seed 0 (every stage reused), seed 1 trains on the same world
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "seed_0").symlink_to(out)
+    r3 = subprocess.run(["bash", "scripts/reproduce_tiny.sh", str(rep)], capture_output=True, text=True, timeout=3000,
+                        env={**os.environ, "QUICKSTART_SMALL": "1", "SEEDS": "0 1"})
+    assert r3.returncode == 0, (r3.stdout[-3000:], r3.stderr[-3000:])
+    assert (rep / "seed_1/world").is_symlink() and (rep / "seed_1/rl_paragrpo/final/config.json").exists()
+    md = (rep / "report.md").read_text()
+    assert "Seeds 0, 1" in md and "| PARA-GRPO vs vanilla GRPO | 4 |" in md
+    assert "training format compliance, PARA-GRPO" in md

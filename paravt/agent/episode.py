@@ -48,7 +48,8 @@ class EpisodeConfig:
     # row: the dataset row's own messages with the frames at its <video> mark (the release's RL prompt)
     prompt_source: str = "mode"
     prompt_dir: str | None = None
-    tools: list[str] = field(default_factory=lambda: ["crop_video"])
+    # tool key -> the tool's own options (paravt.agent.tools; a list of keys is accepted too); {}: no tools
+    tools: dict[str, Any] = field(default_factory=lambda: {"crop_video": {}})
     max_turns: int = 3  # tool rounds; the assistant gets max_turns + 1 turns at most
     max_parallel: int | None = 5  # tool calls executed per turn (None: all); extra calls are dropped (counted)
     think_prefix: bool = True  # append "<think>\n" to every main-agent generation prompt

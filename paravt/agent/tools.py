@@ -2,11 +2,14 @@
 
 A tool validates a parsed call and executes it: ``await tool.execute(call, ctx)`` returns a
 :class:`ToolResult` whose ``content`` (text, or text + frames in the eval-style mode) becomes
-one ``<tool_response>`` for the main agent. A failed call returns an error text instead
-(``[Error: crop_video failed: …]``); tools never raise into the episode.
+one ``<tool_response>`` for the main agent. A failed call returns the tool's error text instead
+(:meth:`Tool.error_text`, e.g. ``[Error: crop_video failed: …]``); tools never raise into the episode.
 
-Adding a tool = one subclass decorated with :func:`register_tool` + its name in the recipe's
-``tools`` list.
+Adding a tool = one module with a :class:`Tool` subclass (its ``name``, ``schema``, ``execute``,
+optionally ``__init__`` options, ``error_text`` and ``window``) + one line in the recipe's ``tools``
+mapping: ``tools: {crop_video: {}, "my_pkg.my_tool:ZoomFrame": {max_pixels: 200000}}``. A key is a
+registered name or ``module:Class`` (importing the module registers the class); the value is that
+tool's options, handed to its constructor untouched. Names are checked when the config loads.
 """
 
 from __future__ import annotations
@@ -31,11 +34,57 @@ def register_tool(cls: type["Tool"]) -> type["Tool"]:
     return cls
 
 
-def build_tools(names: list[str], **kwargs: Any) -> dict[str, "Tool"]:
-    unknown = [n for n in names if n not in TOOL_REGISTRY]
-    if unknown:
-        raise ValueError(f"unknown tools {unknown}; registered: {sorted(TOOL_REGISTRY)}")
-    return {n: TOOL_REGISTRY[n](**kwargs) for n in names}
+def resolve_tool(key: str) -> type["Tool"]:
+    """The tool class of a recipe key: a registered name, or ``package.module:Class`` (imported, so
+    it registers). An unknown name is a ValueError naming the nearest registered one."""
+    if key in TOOL_REGISTRY:
+        return TOOL_REGISTRY[key]
+    if ":" in key:
+        import importlib  # noqa: PLC0415
+
+        mod, _, attr = key.partition(":")
+        try:
+            cls = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"tools: cannot import {key!r} ({type(exc).__name__}: {exc})") from None
+        if not (isinstance(cls, type) and issubclass(cls, Tool) and cls.name):
+            raise ValueError(f"tools: {key!r} is not a Tool subclass with a name")
+        return register_tool(cls)
+    import difflib  # noqa: PLC0415
+
+    near = difflib.get_close_matches(key, list(TOOL_REGISTRY), n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    raise ValueError(f"tools: unknown tool {key!r}{hint} (registered: {', '.join(sorted(TOOL_REGISTRY))}; "
+                     "or give package.module:Class)")
+
+
+def tool_specs(tools: "dict[str, Any] | list[str] | None") -> dict[str, dict[str, Any]]:
+    """A recipe's ``tools`` (a mapping key -> options, or a list of keys) as {key: options}."""
+    if tools is None:
+        return {}
+    if isinstance(tools, (list, tuple)):
+        return {str(k): {} for k in tools}
+    return {str(k): dict(v or {}) for k, v in dict(tools).items()}
+
+
+def check_tools(tools: "dict[str, Any] | list[str] | None") -> None:
+    """Every tool of a recipe resolves and accepts its options (called when a config loads)."""
+    for key, opts in tool_specs(tools).items():
+        cls = resolve_tool(key)
+        try:
+            cls(**opts)
+        except TypeError as exc:
+            raise ValueError(f"tools.{key}: bad options {opts} ({exc})") from None
+
+
+def build_tools(tools: "dict[str, Any] | list[str] | None", **defaults: Any) -> dict[str, "Tool"]:
+    """The episode's tools by name, each built with its own options (``defaults``: what every tool
+    may take from the stage, e.g. ``crop=`` the stage's crop settings; a tool takes those it names)."""
+    out: dict[str, Tool] = {}
+    for key, opts in tool_specs(tools).items():
+        cls = resolve_tool(key)
+        out[cls.name] = cls(**opts, **{k: v for k, v in defaults.items() if k not in opts and k in cls.stage_defaults})
+    return out
 
 
 @dataclass
@@ -69,15 +118,32 @@ class ToolResult:
 
 
 class Tool(abc.ABC):
+    """A tool: its ``name`` and ``schema`` (the JSON function schema the prompt advertises),
+    ``execute``; the constructor takes the tool's own options (the recipe's ``tools.<name>``
+    mapping) plus any of ``stage_defaults`` the stage provides."""
+
     name: str = ""
     schema: dict[str, Any] = {}
+    stage_defaults: tuple[str, ...] = ()  # stage settings this tool takes when its options do not set them
+
+    def __init__(self, **options: Any):
+        if options:
+            raise TypeError(f"{type(self).__name__} takes no options, got {sorted(options)}")
 
     @abc.abstractmethod
     async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
         ...
 
+    def error_text(self, message: str) -> str:
+        """What the model reads when a call fails."""
+        return f"[Error: {self.name} failed: {message}]"
+
+    def window(self, arguments: dict[str, Any]) -> tuple[float, float] | None:
+        """The video window a call looks at, when the tool looks at one (GTR's consistency check)."""
+        return None
+
     def error(self, message: str, t0: float, fault: bool = False) -> ToolResult:
-        text = prompts.tool_error_text(message) if self.name == "crop_video" else f"[Error: {self.name} failed: {message}]"
+        text = self.error_text(message)
         return ToolResult(False, text, text, error=message, seconds=time.perf_counter() - t0, fault=fault)
 
 
@@ -142,9 +208,24 @@ class CropVideo(Tool):
 
     name = "crop_video"
     schema = CROP_VIDEO_SCHEMA
+    stage_defaults = ("crop",)
 
-    def __init__(self, crop: CropConfig | None = None, **_: Any):
-        self.cfg = crop or CropConfig()
+    def __init__(self, crop: CropConfig | dict | None = None, **options: Any):
+        """``crop``: the stage's crop settings; ``options``: fields of :class:`CropConfig` overriding them
+        (``tools: {crop_video: {fps: 2.0}}``)."""
+        base = CropConfig(**crop) if isinstance(crop, dict) else (crop or CropConfig())
+        if options:
+            import dataclasses  # noqa: PLC0415
+
+            bad = sorted(set(options) - {f.name for f in dataclasses.fields(CropConfig)})
+            if bad:
+                raise TypeError(f"unknown crop_video options {bad}")
+            base = dataclasses.replace(base, **options)
+        self.cfg = base
+
+    def window(self, arguments: dict[str, Any]) -> tuple[float, float] | None:
+        s, e = arguments.get("start_time", arguments.get("start")), arguments.get("end_time", arguments.get("end"))
+        return (float(s), float(e)) if is_number(s) and is_number(e) else None
 
     async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
         t0 = time.perf_counter()
@@ -210,4 +291,4 @@ def unknown_tool_result(name: str, available: list[str]) -> ToolResult:
 
 
 __all__ = ["CropConfig", "CropVideo", "TOOL_REGISTRY", "Tool", "ToolContext", "ToolResult", "build_tools",
-           "register_tool", "validate_window", "unknown_tool_result"]
+           "check_tools", "register_tool", "resolve_tool", "tool_specs", "validate_window", "unknown_tool_result"]

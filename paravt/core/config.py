@@ -21,6 +21,10 @@ from omegaconf import OmegaConf
 T = TypeVar("T")
 
 
+#: Config keys holding a free mapping (plugin name -> its own options): overrides replace or add entries.
+FREE_MAPPINGS = frozenset({"tools"})
+
+
 def load_config(schema: type[T], recipe: str | Path | None = None, overrides: list[str] | None = None) -> T:
     """schema defaults ← recipe (its Hydra ``defaults:`` list composed, so a recipe can extend
     another one) ← ``key=value`` overrides; then the dataclass checks itself."""
@@ -48,7 +52,12 @@ def load_config(schema: type[T], recipe: str | Path | None = None, overrides: li
         except yaml.YAMLError:
             parsed = value
         try:
-            OmegaConf.update(cfg, key, parsed, merge=True)  # "data.0.path=..." indexes lists
+            # "data.0.path=..." indexes lists; a mapping of plugins (``tools``) is replaced whole or extended
+            # by key (``tools.zoom_frame={}``): its entries are the plugins' own options, not schema fields
+            if key.split(".")[-1] in FREE_MAPPINGS or any(p in FREE_MAPPINGS for p in key.split(".")[:-1]):
+                OmegaConf.update(cfg, key, parsed, merge=False, force_add=True)
+            else:
+                OmegaConf.update(cfg, key, parsed, merge=True)
         except Exception as exc:  # noqa: BLE001 - name the override in the error
             first = " ".join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__
             hint = _nearest(key, schema) if "not in" in first or "Key" in type(exc).__name__ else ""

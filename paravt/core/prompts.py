@@ -151,18 +151,35 @@ def messages_from_row(row_prompt: Sequence[dict[str, Any]], frames: Sequence[Any
         if out[0]["role"] == "system":
             if "<tools>" not in out[0]["content"]:
                 out[0]["content"] = out[0]["content"] + "\n\n" + tools
+            else:  # a baked <tools> block (release rows): tools it does not list are added to it
+                out[0]["content"] = add_to_tools_block(out[0]["content"], tool_schemas)
         else:
             out.insert(0, {"role": "system", "content": tools})
     return out
 
 
+def add_to_tools_block(text: str, schemas: list[dict]) -> str:
+    """``text`` with every schema whose function name its ``<tools>`` block lacks inserted before
+    ``</tools>`` (one JSON line each); a block listing them all is left as it is."""
+    import json  # noqa: PLC0415
+
+    import re  # noqa: PLC0415
+
+    m = re.search(r"<tools>\n(.*?)</tools>", text, re.DOTALL)  # the block (the prose may say "<tools></tools>")
+    if not m:
+        return text
+    block = m.group(1)
+    missing = [s for s in schemas if f'"{s.get("function", {}).get("name", "")}"' not in block]
+    if not missing:
+        return text
+    lines = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in missing)
+    new_block = block if block.endswith("\n") or not block else block + "\n"
+    return text[:m.start(1)] + new_block + lines + text[m.end(1):]
+
+
 def subagent_prompt(start: float, end: float, prompt_dir: str | Path | None = None) -> str:
     tmpl = _template_path(SUBAGENT_TEMPLATE, prompt_dir).read_text(encoding="utf-8").strip()
     return tmpl.format(start=start, end=end, start_clock=clock(start), end_clock=clock(end), duration=end - start)
-
-
-def tool_error_text(message: str) -> str:
-    return f"[Error: crop_video failed: {message}]"
 
 
 def parse_error_text(message: str) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
-from paravt.agent.tools import CropConfig
+from paravt.agent.tools import CropConfig, check_tools
 from paravt.core.config import check_run_paths, parse_cli
 from paravt.core.metrics import append_jsonl, json_line, read_jsonl
 from paravt.core.prompts import AGENTIC_MODES
@@ -219,7 +219,10 @@ class EvalConfig:
     subtitle_max_chars: int | None = None  # None: the whole SRT (as released); a cap saves context
     final_answer_tokens_mcq: int = 64  # token budget of the forced last answer (MCQ)
     final_answer_tokens_tvg: int = 128  # token budget of the forced last answer (grounding)
-    crop: CropConfig = field(default_factory=lambda: CropConfig(mode="frames"))
+    crop: CropConfig = field(default_factory=lambda: CropConfig(mode="frames"))  # crop_video's settings
+    # the main agent's tools in the agentic modes: key (a registered name or package.module:Class) -> that
+    # tool's options (paravt.agent.tools); part of the resume identity like every other setting
+    tools: dict[str, Any] = field(default_factory=lambda: {"crop_video": {}})
     concurrency: int = 8  # samples in flight
     shard_id: int = 0  # this process's shard
     num_shards: int = 1  # shards a split is divided into
@@ -271,6 +274,7 @@ class EvalConfig:
             raise ValueError(f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}")
         if not self.splits:
             raise ValueError("splits is empty: name at least one split")
+        check_tools(self.tools)
         unknown = [s for s in self.splits if s not in SPLITS and s not in HUB_IDS]
         if unknown:
             raise ValueError(f"unknown splits {unknown}; known: {sorted(SPLITS)} or the Hub ids {sorted(HUB_IDS)}")
@@ -299,7 +303,7 @@ def episode_config(cfg: EvalConfig, qtype: str) -> EpisodeConfig:
     proto = OVERVIEW_PROTOCOLS[cfg.overview]
     think = proto["think_prefix"] if cfg.think_prefix is None else cfg.think_prefix
     return EpisodeConfig(
-        prompt_mode=cfg.prompt_mode, tools=["crop_video"] if agentic else [], max_turns=cfg.max_turns if agentic else 0,
+        prompt_mode=cfg.prompt_mode, tools=cfg.tools if agentic else {}, max_turns=cfg.max_turns if agentic else 0,
         max_parallel=cfg.max_parallel, overview_channel=cfg.channel, think_prefix=think and cfg.prompt_mode != "direct",
         overview_style=proto["style"],
         overview_min_pixels=cfg.overview_min_pixels or proto["min_pixels"],

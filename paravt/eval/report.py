@@ -1,7 +1,7 @@
 """The quickstart report: one Markdown file + PNG curves from the stages' own outputs.
 
     python -m paravt.eval.report OUT_DIR
-    python -m paravt.eval.report --gtr OUT_DIR     (the GTR ablation of scripts/ablate_gtr.sh)
+    python -m paravt.eval.report --gtr OUT_DIR     (the GTR ablation of experiments/ablate_gtr.sh)
 
 Reads ``OUT/eval/summary_all.json`` (eval driver), ``OUT/rl_vanilla/metrics.jsonl`` and
 ``OUT/rl_paragrpo/metrics.jsonl`` (RL), ``OUT/sft/metrics.jsonl`` (SFT), ``OUT/probe_*.json``
@@ -221,7 +221,7 @@ def _fifths(rows: list[dict], key: str) -> tuple[float, float] | None:
 
 
 def gtr_report(out: Path, ks=(4, 64)) -> str:
-    """PARA-GRPO vs PARA-GRPO+GTR from one SFT checkpoint (``scripts/ablate_gtr.sh``): eval table,
+    """PARA-GRPO vs PARA-GRPO+GTR from one SFT checkpoint (``experiments/ablate_gtr.sh``): eval table,
     paired bootstrap effects on the same questions, collapse metrics over training, curves."""
     summary = json.loads((out / "eval/summary_all.json").read_text()) if (out / "eval/summary_all.json").exists() else {}
     rows = []

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow.parquet as pq
+
+from paravt.eval.hub import hf_home
 
 log = logging.getLogger(__name__)
 
@@ -494,10 +495,6 @@ def card_num_examples(root: Path, split: str) -> int | None:
     return counts[0] if len(counts) == 1 else None
 
 
-def hf_home() -> Path:
-    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser()
-
-
 def media_roots(c: SplitConfig, snapshot: Path, media_root: str | None = None) -> list[Path]:
     """Where a Hub copy's videos are looked up: an explicit folder, the extraction folder
     (``$HF_HOME/<media dir>``), the release's own MLVU folder, then the snapshot itself."""
@@ -564,7 +561,7 @@ def _resolve(c: SplitConfig, data_root: str | Path, path_override: str | None, h
             return Roots(root, [root], "local"), hit[0], hit[1]
         looked.append(f"{root}/{{{', '.join(lay.annotation for lay in c.layouts)}}}")
     if c.hub is not None and not path_override and source != "local":
-        from paravt.eval.fetch import HubUnavailable, prepare, snapshot  # noqa: PLC0415
+        from paravt.eval.hub import HubUnavailable, prepare, snapshot  # noqa: PLC0415
         try:
             if getattr(hub, "download", False):  # first use: download and extract like python -m paravt.eval.fetch
                 snap = prepare(c, download=True, cache_dir=getattr(hub, "cache_dir", None),

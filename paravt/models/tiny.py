@@ -229,7 +229,7 @@ class CopyWarmup:
     cannot copy yet": the reading probe stays at chance). On ``prefix + x + x`` over random
     ordinary tokens, loss on the second ``x`` only, random lengths (no positional shortcut), the
     loss stays at ~6.4 for 1200-1600 steps, then drops (the induction phase change). Measured in
-    scripts/exp_lookup.py: after 3000 such steps a text lookup in the world's wording is learnt in
+    experiments/exp_lookup.py: after 3000 such steps a text lookup in the world's wording is learnt in
     < 250 steps (accuracy 1.00), without them it stays at chance. ``steps=0``: random init."""
 
     steps: int = 0  # optimizer steps (0: off)

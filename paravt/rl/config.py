@@ -4,8 +4,9 @@ field; the 8B recipes set the paper's values, the tiny ones the embedded default
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from paravt.agent.tools import CropConfig
+from paravt.agent.tools import CropConfig, check_tools
 from paravt.core.config import check_run_paths, require
 from paravt.engines.sglang import SGLangServerConfig
 from paravt.engines.vllm import VLLMServerConfig
@@ -80,9 +81,13 @@ class AgentConfig:
     max_new_tokens: int = 2048  # tokens per main-agent turn
     max_context_tokens: int = 32768  # an episode stops when its context reaches this
     include_subagent_in_loss: bool = False  # train on sub-agent turns too (with the episode's advantage)
-    crop: CropConfig = field(default_factory=CropConfig)
+    crop: CropConfig = field(default_factory=CropConfig)  # crop_video's settings
+    # the main agent's tools: key (a registered name or package.module:Class) -> that tool's options
+    # (paravt.agent.tools; crop_video takes crop.* and any CropConfig field as an override)
+    tools: dict[str, Any] = field(default_factory=lambda: {"crop_video": {}})
 
     def __post_init__(self):
+        check_tools(self.tools)
         if self.nframes < 1 or self.max_turns < 0 or self.max_new_tokens < 1 or self.max_context_tokens < 1:
             raise ValueError("hierarchical_agent: nframes >= 1, max_turns >= 0, max_new_tokens >= 1 and "
                              f"max_context_tokens >= 1 required (got {self.nframes}, {self.max_turns}, "

@@ -85,7 +85,7 @@ def episode_config(cfg: RLConfig) -> EpisodeConfig:
                          max_parallel=a.max_parallel,
                          think_prefix=cfg.paravt.constrained.think_prefix, temperature=cfg.grpo.temperature,
                          top_p=cfg.grpo.top_p, max_new_tokens=a.max_new_tokens,
-                         max_context_tokens=a.max_context_tokens, crop=a.crop)
+                         max_context_tokens=a.max_context_tokens, crop=a.crop, tools=a.tools)
 
 
 def rollout_metrics(trajs, rewards, ks, zero_std: float) -> dict[str, float]:

@@ -458,3 +458,33 @@ def test_reading_answer_tags_end_the_answer_as_the_episode_does():
             s, e = (float(x) for x in tag.strip("[]").split(", "))
             assert f"from {s:.1f} to {e:.1f} seconds" in a or f"at {s:.1f} seconds" in a; seen.add("tvg")
     assert seen == {"mcq", "oe", "tvg"}
+
+
+def test_direct_rows_teach_the_no_tools_arm_to_answer(tmp_path):
+    """direct_rows: a share of the train questions also as one direct-prompt turn from K overview frames
+    that ends in a scoreable answer; the other rows are as without them (their own random stream)."""
+    from paravt.core.prompts import system_prompt
+
+    base = WorldConfig(seed=2, n_train_videos=4, n_eval_videos=1)
+    build_world(tmp_path / "off", base, progress=False)
+    st = build_world(tmp_path / "on", WorldConfig(seed=2, n_train_videos=4, n_eval_videos=1, direct_rows=0.5),
+                     progress=False)
+    off = pq.read_table(tmp_path / "off/parquet/paravt_sft_synth.parquet").to_pylist()
+    on = pq.read_table(tmp_path / "on/parquet/paravt_sft_synth.parquet").to_pylist()
+    direct = [r for r in on if r["kind"] == "direct"]
+    assert st["sft_direct_rows"] == len(direct) > 0 and [r for r in on if r["kind"] != "direct"] == off
+    for r in direct:
+        msgs = json.loads(r["messages"])
+        assert msgs[0]["content"][0]["text"] == system_prompt("direct")
+        assert [m["role"] for m in msgs] == ["system", "user", "assistant"]
+        text = msgs[-1]["content"][0]["text"]
+        assert text.startswith("<think>\n") and "<tool_call>" not in text and "<answer>" in text
+        qid = r["id"].removesuffix("_direct")
+        qtype = qid.rsplit("_", 1)[1]
+        ans = next(json.loads(x["extra_info"])["answer"] for x in
+                   pq.read_table(tmp_path / "on/parquet/paravt_rl_synth.parquet").to_pylist()
+                   if json.loads(x["extra_info"])["id"] == qid)
+        if qtype != "tvg":  # the gold answer, scored correct by the shared scorer
+            assert score(text, ans, qtype).value == 1.0
+    with pytest.raises(ValueError, match="direct_rows"):
+        WorldConfig(direct_rows=1.5)

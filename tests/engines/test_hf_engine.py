@@ -35,6 +35,8 @@ def test_logprobs_match_a_forward_rescore(engine, prompt):
     with torch.no_grad():
         logits = engine.model(input_ids=full, attention_mask=torch.ones_like(full), mm_token_type_ids=mm,
                               pixel_values=pv, image_grid_thw=grid).logits[0, len(ids) - 1:-1]
+    # the distribution sampled from: vision placeholders banned (the trainer scores the same one)
+    logits = logits.index_fill(1, torch.tensor(engine.banned_ids), float("-inf"))
     ref = torch.log_softmax(logits / 0.8, -1).gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
     assert torch.allclose(ref, torch.tensor(out.logprobs), atol=1e-4)
 
@@ -162,6 +164,7 @@ def test_frequency_penalty_breaks_greedy_repetition_and_keeps_raw_logprobs(engin
     with torch.no_grad():
         logits = engine.model(input_ids=full, attention_mask=torch.ones_like(full), mm_token_type_ids=(full == engine.image_token_id).long(),
                               pixel_values=pv, image_grid_thw=grid).logits[0, len(ids) - 1:-1]
+    logits = logits.index_fill(1, torch.tensor(engine.banned_ids), float("-inf"))  # vision placeholders banned
     ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(pen.token_ids)[:, None]).squeeze(1)
     assert torch.allclose(ref, torch.tensor(pen.logprobs), atol=1e-4)
 

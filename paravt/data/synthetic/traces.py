@@ -185,6 +185,8 @@ def direct_answer(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig) 
             span = tvg_span(cfg, spec.duration, seen[0], seen[-1], spacing / 2)
     else:
         thought = f"{desc.capitalize()} is not visible in the overview frames."
+        if q["question_type"] == "tvg":
+            span = tuple(q["span"])
     tail = f" {_answer_sentence(q)}" if seen and q["question_type"] != "tvg" else ""
     return f"{THINK_PREFIX}{restate(q)} {thought}{tail}\n</think>\n<answer>{_answer_text(q, span)}</answer>"
 

@@ -2,7 +2,7 @@
 # PARA-GRPO vs PARA-GRPO+GTR (oracle corrector) from the quickstart's SFT checkpoint, same steps and
 # seeds; eval at K = 4 and 64 on the held-out synthetic questions; report with paired bootstrap
 # intervals and the thought-collapse metrics over training (OUT/gtr_report.md, OUT/gtr_curves.png).
-#   bash scripts/ablate_gtr.sh [QUICKSTART_DIR] [OUT_DIR]   (default runs/quickstart, QUICKSTART_DIR/gtr_ablation)
+#   bash experiments/ablate_gtr.sh [QUICKSTART_DIR] [OUT_DIR]   (default runs/quickstart, QUICKSTART_DIR/gtr_ablation)
 #   Sizes (environment): RL_STEPS (20), EVAL_LIMIT (60 per cell), SEED (0)
 # The PARA-GRPO arm runs GTR in observe mode: the same collapse metrics, no extra loss.
 set -euo pipefail

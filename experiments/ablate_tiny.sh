@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tiny vanilla GRPO vs tiny PARA-GRPO from the same SFT checkpoint, same steps and seeds;
 # writes a table + plot of format compliance, tool-call frequency and accuracy.
-#   bash scripts/ablate_tiny.sh [OUT_DIR] [key=value ...]     (needs OUT_DIR/sft/final: run the quickstart first)
+#   bash experiments/ablate_tiny.sh [OUT_DIR] [key=value ...]     (needs OUT_DIR/sft/final: run the quickstart first)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/_common.sh" cpu

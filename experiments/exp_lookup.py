@@ -1,7 +1,7 @@
-"""Issue #25 experiment: can the tiny text stack learn to look a value up in earlier reports?
+"""Experiment: can the tiny text stack learn to look a value up in earlier reports?
 
-    .venv-cpu/bin/python scripts/exp_lookup.py --steps 1500 --loss answer            # the issue's setting
-    .venv-cpu/bin/python scripts/exp_lookup.py --steps 1500 --loss all --heads 8 --kv-heads 8 --head-dim 16
+    .venv-cpu/bin/python experiments/exp_lookup.py --steps 1500 --loss answer            # the setting of docs/RESULTS.md
+    .venv-cpu/bin/python experiments/exp_lookup.py --steps 1500 --loss all --heads 8 --kv-heads 8 --head-dim 16
 
 Text only, random init, the tiny model's tokenizer and Qwen3-VL text stack. One sequence: 1-N
 reports in the world's own wording ("The circle is yellow, from 14.0 to 17.0 seconds."), then
@@ -9,7 +9,7 @@ reports in the world's own wording ("The circle is yellow, from 14.0 to 17.0 sec
 of the answer colour, on 256 fresh sequences with the maximum number of reports (chance = 1/N).
 Writes one JSON line per evaluation to --out.
 
-Session-14 variants (RESULTS.md): ``--wording needle`` (one sighting among N window reports, the others
+Variants of the needle runs (RESULTS.md): ``--wording needle`` (one sighting among N window reports, the others
 empty; answer = its colour, no key to match), ``needle_t`` (answer = its times, scored on every answer
 token, i.e. greedy exact match), ``mcq`` (the option letter of an already named colour among four
 random options: a key-matching lookup again).
