@@ -100,5 +100,14 @@ def test_open_ended_replies(reply, gold, lo, hi):
     assert lo <= score(reply, gold, "oe", "f1").value <= hi, score(reply, gold, "oe", "f1")
 
 
-def test_corpus_size():
-    assert min(len(MCQ), len(TVG), len(OE)) >= 40
+def test_each_corpus_holds_both_outcomes_and_no_repeats():
+    """A corpus where every reply scores the same cannot tell a scorer that always says yes (or no) from
+    a right one: each holds right and wrong replies, partial overlaps for tvg / oe, and no reply twice."""
+    assert sum(c for _, _, c in MCQ) >= 10 and sum(1 - c for _, _, c in MCQ) >= 10
+    ious = [i for _, _, i in TVG]
+    assert ious.count(1.0) >= 5 and ious.count(0.0) >= 5 and sum(0 < i < 1 for i in ious) >= 5
+    assert sum(lo == hi == 1 for _, _, lo, hi in OE) >= 5 and sum(hi == 0 for _, _, lo, hi in OE) >= 3
+    assert sum(0 < hi < 1 or 0 < lo < 1 for _, _, lo, hi in OE) >= 5
+    for corpus in (MCQ, TVG, OE):
+        keys = [(r, str(g)) for r, g, *_ in corpus]
+        assert len(keys) == len(set(keys))
