@@ -49,9 +49,10 @@ def encode_prompt(processor, messages: list[dict[str, Any]], prefix: str = "") -
 #: another they take ~5 ms each alone, 8-11 ms in an episode (benchmarks/README.md), so the first request
 #: reaches the engine at ~11-15 ms instead of ~38 ms. The heavy tensor work inside one encoding still
 #: uses torch's intra-op threads, so one worker does not cap a many-core node to one core.
-#: ``PARAVT_ENCODE_WORKERS`` sets the worker count (benchmarks/bench_encode_pool.py measures 1 vs more
-#: at 64 samples in flight: threads share the GIL, so more of them only pay on a node where the
-#: encodings' own torch ops are a large share).
+#: ``PARAVT_ENCODE_WORKERS`` sets the worker count. More workers encode a burst faster (64 sixteen-frame
+#: prompts: 6.3 s with 1, 3.5 s with 2, 3.3 s with 4 on 2 cores, benchmarks/bench_encode_pool.py), but the
+#: order requests then reach the engine depends on thread timing, which changes how the in-process engine
+#: batches them, so two runs are no longer guaranteed identical (with 1, the default, they are; not measured).
 def encode_workers() -> int:
     try:
         return max(1, int(os.environ.get("PARAVT_ENCODE_WORKERS", "1")))
