@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# "session 12", "sessions 1-13", "session-10", "#25" (an issue number); CSS colours (#f4f5f7) and
+# A work period (the word session with a number, or "this" + "session") or an issue number ("#" with 1-3 digits); CSS colours and
 # Markdown headings are not history.
-PATTERN = re.compile(r"(?i)\bsessions? ?-?\d+|(?<![\w&#/:'\"])#\d{1,3}\b(?![;'\")])")
+PATTERN = re.compile(r"(?i)\bsessions? ?-?\d+|\bthis session\b|(?<![\w&#/:'\"])#\d{1,3}\b(?![;'\")])")
 SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".txt", ".toml", ".cfg", ".example"}
 SKIP_DIRS = {".git", "runs", "node_modules", "__pycache__", ".cache"}
 
@@ -20,8 +20,6 @@ def history_mentions(root: Path = ROOT) -> list[str]:
         rel = p.relative_to(root)
         if not p.is_file() or p.suffix not in SUFFIXES or any(part in SKIP_DIRS or part.startswith(".venv")
                                                                 for part in rel.parts):
-            continue
-        if rel == Path("tests/test_no_history.py"):
             continue
         for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
             m = PATTERN.search(line)
@@ -35,7 +33,8 @@ def test_no_work_periods_or_issue_numbers_anywhere():
 
 
 def test_the_check_finds_them(tmp_path):
-    (tmp_path / "a.py").write_text("x = 1  # fixed in session 14\ncolor = '#f4f5f7'\ncss = 'color:#222;fill:#555'\n")
-    (tmp_path / "b.md").write_text("As #25 asked.\n## Heading\nSessions 1-13 used it.\n")
+    (tmp_path / "a.py").write_text("x = 1  # fixed in " + "sess" + "ion 14\ncolor = '#f4f5f7'\ncss = 'color:#222;fill:#555'\n")
+    issue, period = "#" + "25", "Sess" + "ions 1-13"  # built here so this file holds no such text itself
+    (tmp_path / "b.md").write_text(f"As {issue} asked.\n## Heading\n{period} used it.\n")
     hits = history_mentions(tmp_path)
     assert [h.split(":")[0] + ":" + h.split(":")[1] for h in hits] == ["a.py:1", "b.md:1", "b.md:3"]
