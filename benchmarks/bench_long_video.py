@@ -19,6 +19,12 @@ a moving texture with grain), then times in one run, per file:
   libavdevice59 libavfilter8``): ``VideoDecoder(seek_mode=exact|approximate).get_frames_at`` of the
   same indices, FFmpeg threads auto (``num_ffmpeg_threads=0``), overview and middle crop, checked frame-exact too.
 
+A variable-rate file of the same length (``--vfr-minutes``: a 30 fps timeline with every 5th frame
+dropped, pts in 1/90000 s, the same 24 frames/s on average and the same encoder settings) is timed
+the same way with the default reader (the packet index its timeline needs is built at open, inside
+the timing); each frame is checked to lie within one local frame interval of the time asked for and
+to show its real time. ``vfr_vs_cfr`` is its overview time over the constant-rate file's.
+
 Every PyAV result is checked frame-exact against the drawn numbers. Timings are wall-clock of one
 run on this machine (2 cores); ratios are within the run.
 """
@@ -119,9 +125,48 @@ def bench_file(path: Path, k: int) -> dict:
     return res
 
 
+def vfr_times(seconds: float) -> list[float]:
+    """A 30 fps timeline with every 5th frame missing: 24 frames per second on average."""
+    return [i / 30 for i in range(int(seconds * 30)) if i % 5 != 4]
+
+
+def check_times(frames, times: list[float], asked: list[float]) -> tuple[bool, float, float]:
+    """(every frame within one local frame interval of the time asked for, worst such error in s,
+    worst gap between the time shown and the frame's real time in s)."""
+    ok, worst, shown = True, 0.0, 0.0
+    for f, want in zip(frames, asked):
+        i = read_frame_number(np.asarray(f.image))
+        local = max(times[min(i + 1, len(times) - 1)] - times[i], times[i] - times[max(i - 1, 0)])
+        err = abs(times[i] - want)
+        ok &= err <= local + 1e-6
+        worst, shown = max(worst, err), max(shown, abs(f.timestamp - times[i]))
+    return ok, round(worst, 4), round(shown, 4)
+
+
+def bench_vfr_file(path: Path, times: list[float], k: int) -> dict:
+    p = str(path)
+    res: dict = {"file": path.name, "size_mb": round(path.stat().st_size / 1e6, 1), "frames": len(times), "k": k}
+    V.READERS.clear()
+    t, info = clock(lambda: V.VideoReader(p).info)
+    res["probe_s"], res["duration_s"], res["fps"] = round(t, 3), round(info.duration, 3), round(info.fps, 3)
+    V.READERS.clear()
+    t, frames = clock(lambda: V.sample_overview(p, k))
+    res["project_pyav_s"] = round(t, 2)
+    res["in_bound"], res["worst_error_s"], res["worst_shown_gap_s"] = check_times(
+        frames, times, V.uniform_times(0.0, info.duration, k))
+    for name, (s, e) in {"start": (5, 35), "middle": (info.duration / 2, info.duration / 2 + 30),
+                         "end": (info.duration - 40, info.duration - 10)}.items():
+        V.READERS.clear()
+        t, fr = clock(lambda: V.sample_crop(p, s, e))
+        ok, worst, _ = check_times(fr, times, V.uniform_times(s, e, 16))  # 30 s at 1 fps: 16 frames, the cap
+        res[f"crop16_{name}_s"], res[f"crop16_{name}_in_bound"] = round(t, 3), ok and len(fr) == 16
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=int, nargs="+", default=[10, 60])
+    ap.add_argument("--vfr-minutes", type=int, nargs="*", default=[10])
     ap.add_argument("--k", type=int, default=64)
     ap.add_argument("--out", default="benchmarks/results/long_video.json")
     a = ap.parse_args(argv)
@@ -133,6 +178,17 @@ def main(argv=None) -> int:
             print(f"wrote {path} in {t:.0f} s", flush=True)
         out[f"{m}min"] = bench_file(path, a.k)
         print(out[f"{m}min"], flush=True)
+    for m in a.vfr_minutes:
+        path = CACHE / f"numbered_720p_{m}min_vfr.mp4"
+        times = vfr_times(m * 60)
+        if not path.exists():
+            t, _ = clock(lambda: write_numbered_video(path, m * 60, times=times, progress=True))
+            print(f"wrote {path} in {t:.0f} s", flush=True)
+        r = bench_vfr_file(path, times, a.k)
+        if f"{m}min" in out:
+            r["vfr_vs_cfr"] = round(r["project_pyav_s"] / out[f"{m}min"]["project_pyav_s"], 2)
+        out[f"{m}min_vfr"] = r
+        print(r, flush=True)
     return write_result(a.out, out)
 
 

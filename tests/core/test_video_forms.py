@@ -151,3 +151,68 @@ def test_reader_cache_never_closes_a_reader_in_use(files, monkeypatch):
         t.join()
     assert not errors, errors[:3]
     assert V.READERS.opened > 2 and len(V.READERS._items) <= 2 and not V.READERS._users
+
+
+def _child_reads(files, names, seed: int) -> None:
+    """Body of a forked child: its own reads of the same files, every frame checked; exit 1 on any error."""
+    import os
+    import random
+    import traceback
+
+    try:
+        rng = random.Random(seed)
+        for _ in range(4):
+            path, times = files[rng.choice(names)]
+            ov = V.sample_overview(path, 4, min_pixels=64 * 64, max_pixels=100 * 100)
+            _check(ov, times, V.uniform_times(0.0, V.probe(path).duration, 4))
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
+
+
+def test_reader_cache_survives_forks_while_threads_decode(files, monkeypatch):
+    """Children forked (as DataLoader workers are) while eight threads of the parent decode: each child
+    reads the same files with readers of its own and gets the right frames; the parent's readers,
+    shared file offsets included, are untouched by the children and its threads get the right frames."""
+    import multiprocessing
+    import random
+    import threading
+
+    monkeypatch.setattr(V, "READERS", V._ReaderCache(max_open=2))
+    names = ["cfr24", "dropped_frames", "jitter", "vp9_webm", "offset_2s", "ntsc_mkv"]
+    errors: list[BaseException] = []
+    start = threading.Barrier(9)
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        start.wait()
+        try:
+            for _ in range(10):
+                path, times = files[rng.choice(names)]
+                ov = V.sample_overview(path, 4, min_pixels=64 * 64, max_pixels=100 * 100)
+                _check(ov, times, V.uniform_times(0.0, V.probe(path).duration, 4))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    start.wait()
+    ctx = multiprocessing.get_context("fork")
+    children = []
+    for i in range(4):  # forked while the threads hold readers, locks and decoder threads
+        p = ctx.Process(target=_child_reads, args=(files, names, 100 + i))
+        p.start()
+        children.append(p)
+    for p in children:
+        p.join(timeout=180)
+    codes = [p.exitcode for p in children]
+    for p in children:
+        if p.is_alive():
+            p.kill()
+    for t in threads:
+        t.join()
+    assert codes == [0, 0, 0, 0], codes
+    assert not errors, errors[:3]
+    assert V.READERS.opened > 2 and not V.READERS._users

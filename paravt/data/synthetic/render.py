@@ -79,18 +79,21 @@ def read_frame_number(rgb: np.ndarray) -> int:
 
 def write_numbered_video(path: Path, seconds: float, fps: int = 24, width: int = 1280, height: int = 720,
                          gop: int = 250, bframes: int = 3, preset: str = "superfast", crf: int = 23,
-                         grain: int = 6, progress: bool = False) -> Path:
+                         grain: int = 6, progress: bool = False, times=None) -> Path:
     """An H.264 mp4 whose every frame draws its own number (a row of black/white blocks, read back
     by :func:`read_frame_number`) over a moving texture (so P/B-frames carry real motion and the
     bitrate is that of camera footage, not of flat colour: ``grain`` adds fresh noise of that
     amplitude to every frame, ~2-3 Mbit/s at 720p like the benchmarks' files). x264 with ``gop`` (keyint) and
-    ``bframes`` like benchmark files (x264's defaults: keyint 250, 3 B-frames)."""
+    ``bframes`` like benchmark files (x264's defaults: keyint 250, 3 B-frames). ``times`` (seconds,
+    one per frame) writes a variable-rate file instead: frame ``i`` shown at ``times[i]`` (pts in
+    1/90000 s, as phone and screen recordings store them); ``seconds`` and ``fps`` are then unused
+    except as the stream's nominal rate."""
     import av  # noqa: PLC0415
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.mp4")
-    n = int(round(seconds * fps))
+    n = len(times) if times is not None else int(round(seconds * fps))
     rng = np.random.default_rng(0)
     tex = rng.integers(40, 216, size=(height // 8 + 1, width // 8 + 2), dtype=np.uint8)
     tex = np.kron(tex, np.ones((8, 8), np.uint8))  # 8-px texture: coarse enough to compress like video
@@ -102,6 +105,10 @@ def write_numbered_video(path: Path, seconds: float, fps: int = 24, width: int =
         s = c.add_stream("libx264", rate=fps)
         s.width, s.height, s.pix_fmt = width, height, "yuv420p"
         s.options = {"preset": preset, "crf": str(crf), "g": str(gop), "bf": str(bframes)}
+        if times is not None:
+            import fractions  # noqa: PLC0415
+            tb = fractions.Fraction(1, 90000)
+            s.time_base = s.codec_context.time_base = tb
         it = range(n)
         if progress:
             from tqdm import tqdm  # noqa: PLC0415
@@ -117,7 +124,10 @@ def write_numbered_video(path: Path, seconds: float, fps: int = 24, width: int =
                 yp[bar_y:bar_y + block, x0:x0 + block] = 235 if (i >> b) & 1 else 16
             frame = av.VideoFrame.from_numpy_buffer(np.concatenate([yp, u.reshape(-1, width), u.reshape(-1, width)]),
                                                     format="yuv420p")
-            frame.pts = i
+            if times is None:
+                frame.pts = i
+            else:
+                frame.pts, frame.time_base = int(round(times[i] * 90000)), tb
             for p in s.encode(frame):
                 c.mux(p)
         for p in s.encode():
