@@ -22,14 +22,17 @@ from typing import Any
 
 from paravt.agent.trajectory import SequenceRecord, SubAgentTrajectory
 from paravt.core import prompts
-from paravt.core.toolcall import CROP_VIDEO_SCHEMA, ToolCall, is_number
+from paravt.core.toolcall import CallSyntax, ToolCall, is_number, register_syntax
 from paravt.core.video import VideoError, run_decode, sample_crop
+from paravt.data.tool_specs import CROP_VIDEO_SCHEMA, CROP_VIDEO_SYNTAX
 from paravt.engines.base import ChatEngine, SamplingParams
 
 TOOL_REGISTRY: dict[str, type["Tool"]] = {}
 
 
 def register_tool(cls: type["Tool"]) -> type["Tool"]:
+    """Register a tool class by its name, and its call syntax with the parser."""
+    register_syntax(CallSyntax(cls.name, tuple(cls.positional), tuple(cls.time_params), cls.window_tag))
     TOOL_REGISTRY[cls.name] = cls
     return cls
 
@@ -124,6 +127,11 @@ class Tool(abc.ABC):
 
     name: str = ""
     schema: dict[str, Any] = {}
+    # how the parser reads this tool's calls (paravt.core.toolcall.CallSyntax): positional parameter
+    # order of <tool_code> calls, parameters that are times ("01:05" -> 65.0), a window block tag
+    positional: tuple[str, ...] = ()
+    time_params: tuple[str, ...] = ()
+    window_tag: str | None = None
     stage_defaults: tuple[str, ...] = ()  # stage settings this tool takes when its options do not set them
 
     def __init__(self, **options: Any):
@@ -208,6 +216,7 @@ class CropVideo(Tool):
 
     name = "crop_video"
     schema = CROP_VIDEO_SCHEMA
+    positional, time_params, window_tag = CROP_VIDEO_SYNTAX.positional, CROP_VIDEO_SYNTAX.time_params, CROP_VIDEO_SYNTAX.window_tag
     stage_defaults = ("crop",)
 
     def __init__(self, crop: CropConfig | dict | None = None, **options: Any):

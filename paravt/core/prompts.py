@@ -36,9 +36,12 @@ def available_modes(prompt_dir: str | Path | None = None) -> list[str]:
 
 
 def system_prompt(mode: str, tool_schemas: list[dict] | None = None, prompt_dir: str | Path | None = None) -> str:
-    """The system prompt of a mode, with ``{tools}`` replaced by the tools block."""
+    """The system prompt of a mode, with ``{tools}`` replaced by the tools block of ``tool_schemas``
+    (a mode whose template lists tools needs them)."""
     text = _template_path(mode, prompt_dir).read_text(encoding="utf-8").strip()
     if "{tools}" in text:
+        if not tool_schemas:
+            raise ValueError(f"prompt mode {mode!r} lists tools: pass the tool schemas")
         text = text.replace("{tools}", render_tools_block(tool_schemas))
     return text
 

@@ -12,13 +12,14 @@ Accepted forms (in order of precedence, as the release's parser accepts them):
    several per turn; an unclosed last block still counts; ``"parameters"`` is an alias of
    ``"arguments"``; ``"arguments"`` may itself be a JSON string; a block may hold a JSON list.
 2. If no ``<tool_call>`` block exists: Python-call syntax inside ``<tool_code>`` blocks, e.g.
-   ``crop_video(video_path="v.mp4", start_time=10, end_time=20)``; positional arguments are
-   mapped to the tool's parameter order (``video_path, start_time, end_time`` for crop_video);
+   ``name(a, b=1)``; positional arguments are mapped to the tool's declared parameter order;
    a ``print(...)`` wrapper is unwrapped; stray trailing quotes are tolerated.
-3. If neither exists: VideoZoomer-style ``<video_zoom>`` blocks holding ``{"start": s, "end": e}``
-   or a ``[s, e]`` pair, mapped to ``crop_video``.
+3. If neither exists: window blocks (VideoZoomer-style ``<video_zoom>``) holding
+   ``{"start": s, "end": e}`` or a ``[s, e]`` pair, mapped to the tool that declares that tag.
 
-Times (``start_time``, ``end_time``, ``start``, ``end``) given as strings ("12.5", "12.5s",
+The parser knows no tool by name: each tool declares a :class:`CallSyntax` (positional order, the
+parameters that are times, an optional window tag) with :func:`register_syntax`, which the agent's
+tool registry does for every tool class. Time parameters given as strings ("12.5", "12.5s",
 "01:05", "1:02:03") are normalised to float seconds. The parser never raises on model text.
 """
 
@@ -31,16 +32,45 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-TIME_KEYS = ("start_time", "end_time", "start", "end")
 
-#: Positional parameter order per tool, used for ``<tool_code>`` positional arguments.
-POSITIONAL_PARAMS: dict[str, tuple[str, ...]] = {
-    "crop_video": ("video_path", "start_time", "end_time"),
-}
 
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
-_TOOL_CODE_RE = re.compile(r"<tool_code>(.*?)(?:</tool_code>|(?=<tool_code>)|\Z)", re.DOTALL)
-_VIDEO_ZOOM_RE = re.compile(r"<video_zoom>(.*?)(?:</video_zoom>|(?=<video_zoom>)|\Z)", re.DOTALL)
+@dataclass(frozen=True)
+class CallSyntax:
+    """How the parser reads one tool's calls.
+
+    ``positional``: parameter order for positional arguments of ``<tool_code>`` calls;
+    ``time_params``: parameters whose string values are times ("01:05" -> 65.0);
+    ``window_tag``: a tag whose blocks (``<tag>[s, e]</tag>``) are calls of this tool with
+    ``time_params[0] = s`` and ``time_params[1] = e``."""
+
+    name: str
+    positional: tuple[str, ...] = ()
+    time_params: tuple[str, ...] = ()
+    window_tag: str | None = None
+
+
+#: Every declared tool's syntax by name (filled by :func:`register_syntax`).
+SYNTAX: dict[str, CallSyntax] = {}
+
+
+def register_syntax(syntax: CallSyntax) -> CallSyntax:
+    if syntax.window_tag and len(syntax.time_params) < 2:
+        raise ValueError(f"{syntax.name}: a window tag needs two time parameters (start, end)")
+    other = next((s.name for s in SYNTAX.values() if s.window_tag and s.window_tag == syntax.window_tag
+                  and s.name != syntax.name), None)
+    if other:
+        raise ValueError(f"{syntax.name}: window tag <{syntax.window_tag}> is already {other}'s")
+    SYNTAX[syntax.name] = syntax
+    return syntax
+
+
+def _block_re(tag: str) -> re.Pattern:
+    t = re.escape(tag)
+    return re.compile(rf"<{t}>(.*?)(?:</{t}>|(?=<{t}>)|\Z)", re.DOTALL)
+
+
+_TOOL_CALL_RE = _block_re("tool_call")
+_TOOL_CODE_RE = _block_re("tool_code")
 _CLOCK_RE = re.compile(r"^\s*(?:(\d+):)?(\d{1,2}):(\d{1,2}(?:\.\d+)?)\s*$")
 _SECONDS_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:s|sec|secs|second|seconds)?\s*$", re.IGNORECASE)
 _TIME_TOKEN = r"(?:\d{1,2}:\d{2}(?::\d{2})?(?:\.\d+)?|\d+(?:\.\d+)?)"
@@ -52,7 +82,7 @@ _PAIR_RE = re.compile(rf"({_TIME_TOKEN})\s*(?:,|-|–|to)\s*({_TIME_TOKEN})")
 class ToolCall:
     name: str
     arguments: dict[str, Any]
-    source: str = "tool_call"  # tool_call | tool_code | video_zoom
+    source: str = "tool_call"  # tool_call | tool_code | a window tag (video_zoom)
     raw: str = ""
 
 
@@ -103,9 +133,10 @@ def parse_time(value: Any) -> Any:
     return value
 
 
-def _normalise_arguments(args: dict[str, Any]) -> dict[str, Any]:
+def _normalise_arguments(name: str, args: dict[str, Any]) -> dict[str, Any]:
     out = {k: _finite_or_text(v) for k, v in args.items()}
-    for key in TIME_KEYS:
+    syntax = SYNTAX.get(name)
+    for key in syntax.time_params if syntax else ():
         if key in out:
             out[key] = parse_time(out[key])
     return out
@@ -129,7 +160,7 @@ def _call_from_obj(obj: Any, raw: str) -> ToolCall:
         args = {}
     if not isinstance(args, dict):
         raise ValueError(f"'arguments' must be an object, got {type(args).__name__}")
-    return ToolCall(name=name.strip(), arguments=_normalise_arguments(args), source="tool_call", raw=raw)
+    return ToolCall(name=name.strip(), arguments=_normalise_arguments(name.strip(), args), source="tool_call", raw=raw)
 
 
 def _loads_lenient(body: str) -> Any:
@@ -220,7 +251,7 @@ def _parse_python_call(body: str) -> ToolCall:
     else:
         raise ValueError("unsupported callee")
     args: dict[str, Any] = {}
-    order = POSITIONAL_PARAMS.get(name, ())
+    order = SYNTAX[name].positional if name in SYNTAX else ()
     for i, a in enumerate(node.args):
         if i >= len(order):
             raise ValueError(f"too many positional arguments for {name}")
@@ -229,7 +260,7 @@ def _parse_python_call(body: str) -> ToolCall:
         if kw.arg is None:
             raise ValueError("**kwargs not supported")
         args[kw.arg] = _literal(kw.value)
-    return ToolCall(name=name, arguments=_normalise_arguments(args), source="tool_code", raw=body)
+    return ToolCall(name=name, arguments=_normalise_arguments(name, args), source="tool_code", raw=body)
 
 
 def _parse_code_blocks(text: str, result: ParseResult) -> None:
@@ -244,7 +275,7 @@ def _parse_code_blocks(text: str, result: ParseResult) -> None:
         try:
             result.calls.append(_parse_python_call(body))
         except Exception as exc:  # noqa: BLE001 - this block's failure, never the turn's
-            # One call per line is accepted too (``crop_video(...)\ncrop_video(...)``).
+            # One call per line is accepted too (``f(...)\nf(...)``).
             lines = [ln for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("#")]
             if len(lines) < 2:
                 result.errors.append(f"invalid <tool_code> ({exc}): {_short(body)}")
@@ -256,11 +287,12 @@ def _parse_code_blocks(text: str, result: ParseResult) -> None:
                     result.errors.append(f"invalid <tool_code> ({exc_ln}): {_short(ln)}")
 
 
-def _parse_zoom_blocks(text: str, result: ParseResult) -> None:
-    for m in _VIDEO_ZOOM_RE.finditer(text):
+def _parse_window_blocks(text: str, syntax: CallSyntax, result: ParseResult) -> None:
+    tag = syntax.window_tag
+    for m in _block_re(tag).finditer(text):
         body = m.group(1).strip()
         if len(body) > MAX_BLOCK_CHARS:
-            result.errors.append(_too_long("video_zoom", body))
+            result.errors.append(_too_long(tag, body))
             continue
         try:
             start = end = None
@@ -279,10 +311,11 @@ def _parse_zoom_blocks(text: str, result: ParseResult) -> None:
                     start, end = pm.group(1), pm.group(2)
             if start is None or end is None:
                 raise ValueError("no start/end")
-            args = _normalise_arguments({"start_time": start, "end_time": end})
-            result.calls.append(ToolCall(name="crop_video", arguments=args, source="video_zoom", raw=body))
+            s_key, e_key = syntax.time_params[:2]
+            args = _normalise_arguments(syntax.name, {s_key: start, e_key: end})
+            result.calls.append(ToolCall(name=syntax.name, arguments=args, source=tag, raw=body))
         except Exception as exc:  # noqa: BLE001
-            result.errors.append(f"invalid <video_zoom> ({exc}): {_short(body)}")
+            result.errors.append(f"invalid <{tag}> ({exc}): {_short(body)}")
 
 
 def parse_tool_calls(text: str | None) -> ParseResult:
@@ -298,8 +331,10 @@ def parse_tool_calls(text: str | None) -> ParseResult:
             _parse_json_blocks(text, result)
         elif "<tool_code>" in text:
             _parse_code_blocks(text, result)
-        elif "<video_zoom>" in text:
-            _parse_zoom_blocks(text, result)
+        else:
+            for syntax in list(SYNTAX.values()):
+                if syntax.window_tag and f"<{syntax.window_tag}>" in text:
+                    _parse_window_blocks(text, syntax, result)
     except Exception as exc:  # noqa: BLE001 - the contract is: never raise on model text
         result.errors.append(f"parser error: {exc.__class__.__name__}: {exc}")
     return result
@@ -337,34 +372,8 @@ def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
-# ---------------------------------------------------------------------------------------
-# Tool schema
-# ---------------------------------------------------------------------------------------
-
-CROP_VIDEO_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "crop_video",
-        "description": (
-            "Look closely at a time window of the video. Returns a description of what "
-            "happens between start_time and end_time (in seconds)."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "video_path": {"type": "string", "description": "Path of the video to crop."},
-                "start_time": {"type": "number", "description": "Window start, in seconds."},
-                "end_time": {"type": "number", "description": "Window end, in seconds."},
-            },
-            "required": ["video_path", "start_time", "end_time"],
-        },
-    },
-}
-
-
-def render_tools_block(schemas: list[dict[str, Any]] | None = None) -> str:
+def render_tools_block(schemas: list[dict[str, Any]]) -> str:
     """The ``<tools>…</tools>`` block listing the tool schemas, one JSON object per line."""
-    schemas = schemas if schemas is not None else [CROP_VIDEO_SCHEMA]
     lines = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
     return f"<tools>\n{lines}\n</tools>"
 

@@ -737,5 +737,5 @@ def sample_crop(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     backend: str | None = None,
 ) -> list[Frame]:
-    """The crop_video sampler: [start, end] at 1 fps, 1 to 16 frames (the release's crop_video)."""
+    """The crop sampler: [start, end] at 1 fps, 1 to 16 frames (the release's crop tool)."""
     return sample_fps(path, fps, max_frames, min_frames, start, end, factor, min_pixels, max_pixels, backend)

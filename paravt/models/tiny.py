@@ -117,11 +117,12 @@ def tokenizer_corpus(seed: int) -> list[str]:
     """Deterministic training text: every prompt mode, questions and expert traces of the
     synthetic world, timestamps, clocks and numbers."""
     from paravt.core.prompts import available_modes, clock, format_timestamp, subagent_prompt, system_prompt  # noqa: PLC0415
+    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS  # noqa: PLC0415
     from paravt.data.synthetic import (QUESTION_TYPES, WorldConfig, expert_trajectory, make_question,  # noqa: PLC0415
                                        make_spec)
     from paravt.core.seeding import py_rng  # noqa: PLC0415
 
-    texts = [system_prompt(m) for m in available_modes()]
+    texts = [system_prompt(m, DATA_TOOL_SCHEMAS) for m in available_modes()]
     for t in range(0, 1300, 5):
         texts.append(format_timestamp(t / 10) + " " + clock(t / 10) + f" [{t / 10:.1f}, {t / 10 + 3:.1f}]")
     cfg = WorldConfig(seed=seed)

@@ -20,6 +20,8 @@ class ZoomFrame(Tool):
         "name": "zoom_frame", "description": "One frame of the video at a high resolution.",
         "parameters": {"type": "object", "properties": {"timestamp": {"type": "number", "description": "Seconds."}},
                        "required": ["timestamp"]}}}
+    positional = ("timestamp",)  # <tool_code>zoom_frame(12.5)</tool_code>
+    time_params = ("timestamp",)  # "01:05" -> 65.0
 
     def __init__(self, max_pixels: int = 200704):
         self.max_pixels = max_pixels

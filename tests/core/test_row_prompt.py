@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from paravt.core import prompts
-from paravt.core.toolcall import CROP_VIDEO_SCHEMA
+from paravt.data.tool_specs import CROP_VIDEO_SCHEMA
 
 FRAMES = [SimpleNamespace(timestamp=t, image=f"img{t}") for t in (0.0, 30.0)]
 

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from paravt.core.toolcall import (CROP_VIDEO_SCHEMA, format_tool_call, parse_time, parse_tool_calls,
-                                  render_tools_block)
+from paravt.core.toolcall import (SYNTAX, CallSyntax, format_tool_call, parse_time, parse_tool_calls,
+                                  register_syntax, render_tools_block)
+from paravt.data.tool_specs import CROP_VIDEO_SCHEMA  # declares crop_video's call syntax
 
 TWO_CALLS = """<think>
 The red square is not visible in the overview. I will check two windows.
@@ -149,10 +150,43 @@ def test_parse_time(value, expected):
 
 
 def test_schema_rendering_roundtrip():
-    block = render_tools_block()
+    block = render_tools_block([CROP_VIDEO_SCHEMA])
     assert block.startswith("<tools>\n") and block.endswith("\n</tools>")
     schema = json.loads(block.splitlines()[1])
     assert schema == CROP_VIDEO_SCHEMA
     assert schema["function"]["parameters"]["required"] == ["video_path", "start_time", "end_time"]
     call = format_tool_call("crop_video", {"video_path": "v.mp4", "start_time": 1.0, "end_time": 2.0})
     assert parse_tool_calls(call).calls[0].arguments["end_time"] == 2.0
+
+
+def test_the_parser_reads_calls_by_each_tools_declared_syntax(monkeypatch):
+    """Positional order, time parameters and window tags come from the tool's CallSyntax: an
+    undeclared tool gets none of them, a declared one gets exactly its own."""
+    monkeypatch.setattr("paravt.core.toolcall.SYNTAX", dict(SYNTAX))
+    undeclared = parse_tool_calls('<tool_code>seek_frame("01:05")</tool_code>')
+    assert not undeclared.calls and "too many positional arguments for seek_frame" in undeclared.errors[0]
+    kw = parse_tool_calls('<tool_code>seek_frame(at="01:05")</tool_code>').calls[0]
+    assert kw.arguments == {"at": "01:05"}  # not a declared time parameter: left as written
+    register_syntax(CallSyntax("seek_frame", positional=("at",), time_params=("at",)))
+    assert parse_tool_calls('<tool_code>seek_frame("01:05")</tool_code>').calls[0].arguments == {"at": 65.0}
+    assert parse_tool_calls("<clip>[3, 7]</clip>").calls == []  # no tool declares <clip> yet
+    register_syntax(CallSyntax("clip_audio", time_params=("from", "to"), window_tag="clip"))
+    clip = parse_tool_calls('<clip>{"start": "0:03", "end": 7}</clip>').calls[0]
+    assert (clip.name, clip.arguments, clip.source) == ("clip_audio", {"from": 3.0, "to": 7.0}, "clip")
+    with pytest.raises(ValueError, match="two time parameters"):
+        register_syntax(CallSyntax("bad", time_params=("at",), window_tag="bad"))
+    with pytest.raises(ValueError, match="already crop_video's"):
+        register_syntax(CallSyntax("other_zoom", time_params=("s", "e"), window_tag="video_zoom"))
+    win = parse_tool_calls("<video_zoom>[3, 7]</video_zoom>").calls[0]
+    assert (win.name, win.arguments, win.source) == ("crop_video", {"start_time": 3.0, "end_time": 7.0}, "video_zoom")
+
+
+def test_core_names_no_tool():
+    """paravt/core holds no tool's name: tools declare themselves (paravt.data.tool_specs, paravt.agent.tools)."""
+    import pathlib
+
+    import paravt.core
+    core = pathlib.Path(paravt.core.__file__).parent
+    hits = [f"{p.name}:{i}" for p in sorted(core.glob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if "crop_video" in line]
+    assert hits == []

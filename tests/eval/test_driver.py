@@ -146,3 +146,25 @@ def test_resume_identity_is_derived_from_the_config(tiny_dir):
         new_knob: int = 0
     a, b = Newer(model=str(tiny_dir)), Newer(model=str(tiny_dir), new_knob=1)
     assert run_identity(a, "synthetic")["new_knob"] == 0 and run_identity(a, "synthetic") != run_identity(b, "synthetic")
+
+
+def test_server_settings_become_one_launch_config_per_replica(tmp_path):
+    """server.* is turned into the engine factory's launch config in one place: replica i gets port
+    base_port + i and GPUs [i*g, (i+1)*g) in tensor parallel; the launch command carries the settings."""
+    from paravt.engines import sglang, vllm
+    from paravt.eval.config import ServerConfig
+
+    sv = ServerConfig(launch="vllm", base_port=31000, gpus_per_replica=2, dtype="float32", enforce_eager=True,
+                      kv_cache_gb=4, extra_args=["--max-model-len", "8192"])
+    c = sv.launch_config(1, "sft", tmp_path)
+    assert (c.port, c.gpus, c.tp_size, c.served_model_name, c.log_file) == (31001, [2, 3], 2, "sft", str(tmp_path / "vllm_1.log"))
+    c.model_path = "/ckpt"
+    argv, env = vllm.launch_command(c)
+    assert "--enforce-eager" in argv and "--max-model-len" in argv and argv[argv.index("--dtype") + 1] == "float32"
+    assert env.get("VLLM_CPU_KVCACHE_SPACE") == "4"
+    sg = ServerConfig(launch="sglang", model_name="paravt-8b", deterministic=True).launch_config(0, "row", tmp_path, 16)
+    sg.model_path = "/ckpt"
+    argv, _ = sglang.launch_command(sg)
+    assert sg.video_nframes == 16 and "--enable-deterministic-inference" in argv and "paravt-8b" in argv
+    with pytest.raises(ValueError, match="no server to launch"):
+        ServerConfig().launch_config(0, "row", tmp_path)

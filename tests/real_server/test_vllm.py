@@ -144,7 +144,8 @@ def test_tool_turn_with_frames_renders_to_our_ids(sft_world, sft_checkpoint, vll
     trajectory does (the ids RL trains on are the ids a server generates from)."""
     from paravt.agent.episode import EpisodeSample, build_overview
     from paravt.agent.tools import CropConfig, CropVideo, ToolContext
-    from paravt.core.toolcall import CROP_VIDEO_SCHEMA, ToolCall, format_tool_call
+    from paravt.core.toolcall import ToolCall, format_tool_call
+    from paravt.data.tool_specs import CROP_VIDEO_SCHEMA
     from paravt.engines.base import SamplingParams
     from paravt.engines.openai import OpenAIEngine
     from paravt.eval.driver import EvalConfig, episode_config

@@ -14,6 +14,7 @@ from paravt.core.prompts import THINK_PREFIX, subagent_prompt, system_prompt
 from paravt.core.seeding import py_rng
 from paravt.core.toolcall import format_tool_call
 from paravt.core.video import crop_timestamps, overview_timestamps
+from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 from paravt.data.synthetic.world import QUESTION_TYPES, VideoSpec, WorldConfig, make_question, make_spec, restate
 
 
@@ -295,7 +296,7 @@ def reading_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
     at chance (docs/RESULTS.md)."""
     r = py_rng(cfg.seed, "reading-rows")
     rows, j = [], 0
-    prompt = system_prompt(cfg.system_mode)
+    prompt = system_prompt(cfg.system_mode, DATA_TOOL_SCHEMAS)
     system = prompt if cfg.reading_format != "user" else None  # episode rows
     prefix = prompt if cfg.reading_system_frac else None  # user rows after the system prompt
     while len(rows) < n:

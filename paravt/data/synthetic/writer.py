@@ -17,6 +17,7 @@ from paravt.core.prompts import system_prompt
 from paravt.core.seeding import py_rng
 from paravt.core.video import overview_timestamps
 from paravt.data.synthetic.render import write_video
+from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 from paravt.data.synthetic.traces import (
     direct_answer,
     expert_trajectory,
@@ -41,7 +42,7 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
     out = Path(out)
     media, parquet_dir = out / "media", out / "parquet"
     t0 = time.time()
-    system = system_prompt(cfg.system_mode)
+    system = system_prompt(cfg.system_mode, DATA_TOOL_SCHEMAS)
     specs = {"train": [make_spec(cfg, "train", i) for i in range(cfg.n_train_videos)],
              "eval": [make_spec(cfg, "eval", i) for i in range(cfg.n_eval_videos)]}
     all_specs = specs["train"] + specs["eval"]
