@@ -190,3 +190,16 @@ def test_core_names_no_tool():
     hits = [f"{p.name}:{i}" for p in sorted(core.glob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1) if "crop_video" in line]
     assert hits == []
+
+
+def test_the_rewards_read_crop_calls_without_any_tool_built():
+    """A fresh interpreter that imports only the reward terms (as the rewards CLI does) parses a
+    positional crop_video call as the episode does: the syntax comes with the rewards' imports."""
+    import subprocess
+    import sys
+
+    code = ("from paravt.rl.rewards.terms import parse_tool_calls as p; "
+            "r = p('<tool_code>crop_video(\"v.mp4\", \"0:05\", 9)</tool_code>'); "
+            "print(r.calls[0].arguments, r.errors)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "{'video_path': 'v.mp4', 'start_time': 5.0, 'end_time': 9.0} []"

@@ -141,6 +141,7 @@ def test_reading_rows_answer_from_the_matching_report(world):
     import re
 
     from paravt.data.synthetic import reading_rows
+    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 
     rows, rep = load_sft_rows([world / "local" / "paravt_reading_synth.parquet"])
     assert rep.kept == rep.total == WorldConfig().reading_rows and all(not r.videos for r in rows)
@@ -185,6 +186,7 @@ def test_reading_rows_in_the_episode_format_are_text_only_episodes():
 
     from paravt.core.toolcall import parse_tool_calls
     from paravt.data.synthetic import reading_rows
+    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 
     with pytest.raises(ValueError, match="reading_format"):
         WorldConfig(reading_format="chat")
@@ -227,6 +229,7 @@ def test_episode_answer_rows_supervise_only_the_answer_through_the_real_loader(t
     trainer takes): the ids are those of the episode format, the labels only the last assistant turn."""
     from paravt.data.schema import DataError, load_sft_rows
     from paravt.data.synthetic import reading_rows
+    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
     from paravt.data.synthetic.writer import _write_parquet
     from paravt.sft.data import IGNORE, ExampleBuilder, VideoSamplingConfig
 
@@ -393,6 +396,7 @@ def test_cli_preset_needle_sets_the_knobs_and_flags_override(tmp_path):
 
 def test_mixed_reading_rows_alternate_user_and_episode():
     from paravt.data.synthetic import reading_rows
+    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 
     rows = reading_rows(WorldConfig(reading_format="mixed", max_events=1), 6)
     kinds = [json.loads(x["messages"])[0]["role"] for x in rows]
@@ -406,12 +410,13 @@ def test_mixed_reading_rows_alternate_user_and_episode():
 def test_reading_system_frac_prefixes_that_share_of_user_rows_with_the_system_prompt():
     from paravt.core.prompts import system_prompt
     from paravt.data.synthetic import reading_rows
+    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 
     plain = reading_rows(WorldConfig(max_events=1), 8)
     rows = reading_rows(WorldConfig(max_events=1, reading_system_frac=0.5), 8)
     msgs = [json.loads(x["messages"]) for x in rows]
     assert [m[0]["role"] for m in msgs] == ["user", "system"] * 4  # spread evenly, half of them
-    assert msgs[1][0]["content"][0]["text"] == system_prompt("agentic_general")
+    assert msgs[1][0]["content"][0]["text"] == system_prompt("agentic_general", DATA_TOOL_SCHEMAS)
     # the same tasks as without the prefix: only the system message is added
     assert [m[-2:] for m in msgs] == [json.loads(x["messages"])[-2:] for x in plain]
     assert all(json.loads(x["messages"])[0]["role"] == "system"
@@ -441,6 +446,7 @@ def test_reading_curriculum_writes_the_later_phases_on_the_same_tasks(tmp_path):
 
 def test_reading_answer_tags_end_the_answer_as_the_episode_does():
     from paravt.data.synthetic import reading_rows
+    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 
     plain = reading_rows(WorldConfig(max_events=1, tvg_pad_s=0.0), 9)
     tagged = reading_rows(WorldConfig(max_events=1, tvg_pad_s=0.0, reading_answer_tags=True), 9)

@@ -38,6 +38,9 @@ from typing import Any, Callable
 from paravt.core.scoring import (ANSWER_BODY_RE, ANSWER_RE, CALL_START_RE, OPEN_THINK_RE, THINK_BLOCK_RE,
                                  release_accuracy, release_extract_answer, score)
 from paravt.core.toolcall import parse_tool_calls, release_has_tool_call
+# crop_video's call syntax (positional order, time parameters, <video_zoom>): the rewards read its
+# calls exactly as the episodes do, also when no tool was built in this process (the rewards CLI)
+from paravt.data import tool_specs  # noqa: F401
 
 SUBSTANTIVE_THINK_CHARS = 10
 TAG_PAIRS = ("think", "tool_call", "tool_code", "answer")
