@@ -10,7 +10,11 @@
   at least ``MIN_COMPLIANCE`` compliant;
 * the two faces of the Tool Prior Paradox from the RL training logs: format compliance at the end of
   training (Format Fragility) and the tool-call rate at K = 64 for vanilla GRPO (fixed K) vs at
-  K <= 8 for PARA-GRPO (gated K) (Tool Necessity Gap), per seed and across seeds.
+  K <= 8 for PARA-GRPO (gated K) (Tool Necessity Gap), per seed and across seeds;
+* Format Fragility on a base with a tool prior of its own (``seed_<s>/fragility/``, written by
+  ``scripts/fragility_tiny.sh``): training-time compliance of vanilla GRPO and PARA-GRPO from the same
+  cold start, PARA − vanilla at the end of training across seeds, and the curves
+  (``OUT/fragility_curves.png``).
 """
 
 from __future__ import annotations
@@ -127,6 +131,69 @@ def paradox_table(runs: list[Path]) -> str:
     return md_table(["training metric (last fifth of the RL steps, %)", "per seed", "mean ± sd over seeds"], rows)
 
 
+FRAGILITY_ARMS = (("vanilla", "rl_vanilla"), ("PARA-GRPO", "rl_paragrpo"))
+
+
+def _compliance_curve(run: Path, d: str) -> np.ndarray:
+    return np.array([m["format/compliance"] for m in read_jsonl(run / "fragility" / d / "metrics.jsonl")
+                     if "format/compliance" in m], dtype=float)
+
+
+def fragility_table(runs: list[Path], seed: int = 0, frac: float = 0.2) -> str:
+    """Training-time format compliance on the strong-prior base, per seed: the first step, the last
+    fifth of the steps, and PARA − vanilla over that last fifth; across seeds: the mean difference
+    with a 95% interval from a two-level bootstrap (seeds, then the steps of the last fifth, paired by
+    step: both arms see the same prompts at a step)."""
+    rows, diffs = [], []
+    for r in runs:
+        v, p = (_compliance_curve(r, d) for _, d in FRAGILITY_ARMS)
+        if not len(v) or not len(p):
+            continue
+        n = min(len(v), len(p))
+        k = max(1, int(round(n * frac)))
+        d = p[n - k:n] - v[n - k:n]
+        diffs.append(d)
+        rows.append(f"| {r.name.split('_')[1]} | {n} | {100 * v[0]:.0f} → {100 * v[n - k:n].mean():.0f} | "
+                    f"{100 * p[0]:.0f} → {100 * p[n - k:n].mean():.0f} | {100 * d.mean():+.0f} |")
+    if not rows:
+        return ""
+    if len(diffs) > 1:
+        mean, lo, hi = two_level_bootstrap(diffs, seed=seed)
+        verdict = ("shown (≥ 20 points, interval excludes 0)" if lo > 0 and mean >= 0.2 else
+                   "interval excludes 0, below 20 points" if lo > 0 else
+                   "reversed" if hi < 0 else "not shown (interval contains 0)")
+        rows.append(f"| across {len(diffs)} seeds | | | | {100 * mean:+.0f} [{100 * lo:+.0f}, {100 * hi:+.0f}]: {verdict} |")
+    return md_table(["seed", "RL steps", "vanilla GRPO: step 1 → last fifth (%)", "PARA-GRPO: step 1 → last fifth (%)",
+                     "PARA − vanilla, last fifth (points)"], rows)
+
+
+def fragility_curves(runs: list[Path], path: Path, window: int = 5) -> Path | None:
+    """Training-time compliance per step (a running mean over ``window`` steps), every seed, both arms."""
+    curves = [(r, name, _compliance_curve(r, d)) for r in runs for name, d in FRAGILITY_ARMS]
+    curves = [c for c in curves if len(c[2])]
+    if not curves:
+        return None
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for r, name, c in curves:
+        sm = np.convolve(c, np.ones(window) / window, mode="valid") if len(c) >= window else c
+        ax.plot(np.arange(len(sm)) + (len(c) - len(sm)) + 1, 100 * sm, color="tab:red" if name == "vanilla" else "tab:blue",
+                alpha=0.8, label=f"{name}, seed {r.name.split('_')[1]}")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(f"format compliance (%; mean of {window} steps)")
+    ax.set_ylim(-2, 102)
+    ax.set_title("Format Fragility: a base with a tool prior of its own")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
     if len(args) != 1 or args[0] in ("-h", "--help"):
@@ -147,6 +214,15 @@ def main(argv: list[str] | None = None) -> int:
           f"A score effect is stated only when both arms are at least {100 * MIN_COMPLIANCE:.0f}% format-compliant in every seed.", "",
           effects_across_seeds(runs) or "(no paired cells)", "",
           "## The Tool Prior Paradox at tiny scale (training logs)", "", paradox_table(runs) or "(no RL logs)", ""]
+    frag = fragility_table(runs)
+    if frag:
+        png = fragility_curves(runs, out / "fragility_curves.png")
+        md += ["## Format Fragility on a base with a tool prior (scripts/fragility_tiny.sh)", "",
+               "The base is first trained on the episodes in an instruct model's native format (Hermes calls, plain",
+               "answers, no think block), then given a short cold-start SFT in the structured format; vanilla GRPO",
+               "and PARA-GRPO then train from that checkpoint (same steps, same seed). Compliance = every turn a",
+               "closed think block followed by parseable calls or a non-empty answer (the rollouts at temperature).", "",
+               frag, "", f"![compliance curves]({png.name})" if png else "", ""]
     (out / "report.md").write_text("\n".join(md))
     print("\n".join(md))
     print(f"report: {out / 'report.md'}")

@@ -46,3 +46,31 @@ def test_report_across_seeds(tmp_path):
     assert "| training format compliance, vanilla GRPO | 50 / 50 / 50 | 50 ± 0 |" in md
     assert "| tool-call rate, PARA-GRPO at K = 4 | 80 / 80 / 80 | 80 ± 0 |" in md
     assert main([str(tmp_path / "nothing")]) == 2
+
+
+def _fragility(run, vanilla, para):
+    for d, curve in (("rl_vanilla", vanilla), ("rl_paragrpo", para)):
+        p = run / "fragility" / d
+        p.mkdir(parents=True)
+        p.joinpath("metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "format/compliance": c}) + "\n" for i, c in enumerate(curve)))
+
+
+def test_fragility_table_and_curves_across_seeds(tmp_path):
+    """Vanilla's compliance falls from 0.9 to 0.3 while PARA's stays at 0.9 in every seed: +55 points over
+    the last fifth, shown; two more seeds where they do not widen the interval, and the verdict follows it."""
+    from paravt.eval.seeds import fragility_table
+
+    falling = [0.9 - 0.6 * i / 19 for i in range(20)]
+    for s in range(3):
+        _fragility(tmp_path / f"seed_{s}", falling, [0.9] * 20)
+    md = fragility_table(sorted(tmp_path.glob("seed_*")))
+    assert "| 0 | 20 | 90 → 35 | 90 → 90 | +55 |" in md, md  # last fifth: steps 17-20
+    assert "shown (≥ 20 points, interval excludes 0)" in md
+    _fragility(tmp_path / "seed_3", [0.9] * 20, [0.9] * 20)
+    _fragility(tmp_path / "seed_4", [0.9] * 20, [0.5] * 20)
+    md = fragility_table(sorted(tmp_path.glob("seed_*")))
+    assert "not shown (interval contains 0)" in md, md
+    assert main([str(tmp_path)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "## Format Fragility" in report and (tmp_path / "fragility_curves.png").stat().st_size > 1000
