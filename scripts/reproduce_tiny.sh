@@ -3,9 +3,11 @@
 # every eval cell of the quickstart per seed, then effects with intervals across seeds.
 #   bash scripts/reproduce_tiny.sh [OUT_DIR]          (default: runs/reproduce_tiny)
 #   SEEDS ("0 1 2"): training seeds; WORLD_SEED (0): the world all seeds share
+#   FRAGILITY (1): also run scripts/fragility_tiny.sh in each seed's folder (Format Fragility on a base with a
+#     tool prior of its own: ~20 more minutes per seed; its sizes PRIOR_STEPS, COLD_STEPS, FRAG_RL_STEPS apply)
 #   Every size knob of scripts/quickstart.sh applies to each seed (RL_STEPS, EVAL_LIMIT, ...).
 # Resumable: finished stages of each seed are reused (rerun the same command). Each seed takes the
-# quickstart's time (~25-30 min on 2 cores); the world is built once and shared.
+# quickstart's time (~25-30 min on 2 cores) plus the fragility runs; the world is built once and shared.
 # Writes OUT/seed_<s>/ (a quickstart run each, its report.md) and OUT/report.md (python -m paravt.eval.seeds).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +29,7 @@ for S in "${SEEDS[@]}"; do
     ln -s "../seed_$FIRST/world" "$OUT/seed_$S/world"  # one world for every seed
   fi
   SEED="$S" bash "$ROOT/scripts/quickstart.sh" "$OUT/seed_$S"
+  if [[ "${FRAGILITY:-1}" == 1 ]]; then SEED="$S" bash "$ROOT/scripts/fragility_tiny.sh" "$OUT/seed_$S"; fi
 done
 source "$ROOT/scripts/_common.sh" cpu
 cd "$ROOT"
