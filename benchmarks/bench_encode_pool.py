@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from paravt.core import prompts
     from paravt.core.video import Frame
+    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
     from paravt.models.loading import load_processor
     from paravt.models.tiny import build_tiny
     from paravt.models.tokenize import encode_prompt
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     build_tiny(d / "tiny", seed=0)
     proc = load_processor(d / "tiny")
     frames = [Frame(float(i), Image.new("RGB", (224, 224), (i * 10 % 255, 80, 160))) for i in range(16)]
-    msgs = prompts.build_messages("agentic_general", "What happens in this window?", frames, "v.mp4", 120.0, None)
+    msgs = prompts.build_messages("agentic_general", "What happens in this window?", frames, "v.mp4", 120.0,
+                                   tool_schemas=DATA_TOOL_SCHEMAS)
 
     def one():
         return encode_prompt(proc, msgs, "<think>\n")

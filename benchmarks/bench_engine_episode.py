@@ -30,6 +30,7 @@ from paravt.core.video import sample_overview
 from paravt.data.materialize import materialize
 from paravt.data.schema import load_rl_rows
 from paravt.data.synthetic import WorldConfig, build_world
+from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 from paravt.engines.base import GenerationOutput, InferenceEngine, SamplingParams
 from paravt.engines.hf import HFEngine
 from paravt.models.tiny import build_tiny
@@ -124,7 +125,8 @@ def main(argv=None) -> int:
 
     # 2. Engine throughput at 1, 4, 8 concurrent requests (same prompt, different seeds).
     frames = sample_overview(sample.video_path, 8)
-    ids, imgs = encode_prompt(proc, build_messages("agentic_minimal", sample.question, frames, "v.mp4", 120.0),
+    ids, imgs = encode_prompt(proc, build_messages("agentic_minimal", sample.question, frames, "v.mp4", 120.0,
+                                                    tool_schemas=DATA_TOOL_SCHEMAS),
                               THINK_PREFIX)
     thr = {}
     for c in (1, 4, 8):

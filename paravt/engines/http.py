@@ -117,3 +117,22 @@ class HTTPSessionMixin:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class LaunchedServerMixin:
+    """A client whose server this process may have launched (``self.server``: its handle with
+    ``proc`` and ``log_tail()``, or None): the health URL, and a dead server named with its log tail
+    before each attempt instead of a connection error after the retries."""
+
+    server = None
+    url: str = ""
+    server_kind = "inference"
+
+    @property
+    def health_url(self) -> str:
+        return self.url + "/health"
+
+    def _check_alive(self) -> None:
+        if self.server is not None and self.server.proc is not None and self.server.proc.poll() is not None:
+            raise EngineError(f"{self.server_kind} server {self.url} died (exit {self.server.proc.returncode}):\n"
+                              f"{self.server.log_tail()}")

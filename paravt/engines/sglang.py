@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
-from paravt.engines.http import HTTPSessionMixin, wait_healthy
+from paravt.engines.http import HTTPSessionMixin, LaunchedServerMixin, wait_healthy
 from paravt.models.images import ImageInputs
 
 log = logging.getLogger(__name__)
@@ -280,7 +280,9 @@ def update_from_disk_payload(path: str, version: int) -> dict[str, Any]:
 # The engine
 # ---------------------------------------------------------------------------------------
 
-class SGLangEngine(HTTPSessionMixin, InferenceEngine):
+class SGLangEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
+    server_kind = "SGLang"
+
     def __init__(self, url: str, server: SGLangServer | None = None, request_timeout_s: float = 900.0,
                  max_retries: int = 3, max_concurrency: int = 256, banned_token_ids: Sequence[int] = (),
                  image_token_id: int | None = None):
@@ -292,14 +294,6 @@ class SGLangEngine(HTTPSessionMixin, InferenceEngine):
         self.max_retries = max_retries
         self.weight_version = 0
         self._sem = asyncio.Semaphore(max_concurrency)
-
-    @property
-    def health_url(self) -> str:
-        return self.url + "/health"
-
-    def _check_alive(self) -> None:
-        if self.server is not None and self.server.proc is not None and self.server.proc.poll() is not None:
-            raise EngineError(f"SGLang server died (exit {self.server.proc.returncode}):\n{self.server.log_tail()}")
 
     async def _post(self, path: str, payload: dict[str, Any]) -> Any:
         return await self.post_json(self.url + path, payload, before_attempt=self._check_alive)

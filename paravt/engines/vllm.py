@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
-from paravt.engines.http import HTTPSessionMixin, TransientHTTPError, http_transient_errors, retry
+from paravt.engines.http import HTTPSessionMixin, LaunchedServerMixin, TransientHTTPError, http_transient_errors, retry
 from paravt.engines.sglang import SGLangServer, collapse_image_pads
 from paravt.models.images import ImageInputs
 
@@ -201,7 +201,7 @@ def parse_tokens_response(resp: dict[str, Any], expected_prompt: Sequence[int] |
                             prompt_token_ids=list(served) if served is not None else None)
 
 
-class VLLMEngine(HTTPSessionMixin, InferenceEngine):
+class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
     """A vLLM rollout server through its tokens endpoint; weights reloaded from disk.
 
     ``update_weights(dir, v)``: ``/pause?mode=wait&clear_cache=true`` (requests in flight finish on the
@@ -209,6 +209,8 @@ class VLLMEngine(HTTPSessionMixin, InferenceEngine):
     paravt_reload_weights`` (:mod:`paravt.engines.vllm_worker`; or vLLM's ``reload_weights``) →
     ``/update_weight_version v`` → ``/reset_prefix_cache`` → ``/resume``. Every output token carries
     the version that produced it (``weight_versions`` spans); a turn reports the oldest."""
+
+    server_kind = "vLLM"
 
     def __init__(self, url: str, server: "VLLMServer | None" = None, model: str | None = None,
                  request_timeout_s: float = 900.0, max_retries: int = 3, max_concurrency: int = 256,
@@ -223,14 +225,6 @@ class VLLMEngine(HTTPSessionMixin, InferenceEngine):
         self.weight_version = weight_version
         self.outstanding = 0  # requests in flight (the pool sends the next one to the least loaded server)
         self._sem = asyncio.Semaphore(max_concurrency)
-
-    @property
-    def health_url(self) -> str:
-        return self.url + "/health"
-
-    def _check_alive(self) -> None:
-        if self.server is not None and self.server.proc is not None and self.server.proc.poll() is not None:
-            raise EngineError(f"vLLM server {self.url} died (exit {self.server.proc.returncode}):\n{self.server.log_tail()}")
 
     async def _post(self, path: str, payload: dict[str, Any] | None = None, retries: int | None = None) -> Any:
         """POST with the retry policy; the JSON reply, or None for an empty one (vLLM's control routes)."""

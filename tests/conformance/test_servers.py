@@ -12,6 +12,7 @@ from paravt.models.tokenize import encode_prompt
 from paravt.core.prompts import THINK_PREFIX, build_messages
 from paravt.core.video import sample_overview
 from paravt.data.schema import load_rl_rows
+from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 from paravt.engines.base import SamplingParams
 from paravt.engines.openai import chat_payload, parse_chat_response
 from paravt.engines.sglang import (SGLangServerConfig, collapse_image_pads, generate_payload, launch_command, parse_generate_response, update_from_disk_payload)
@@ -39,7 +40,7 @@ def prompts(tiny, rows):
     out = {}
     for n in (1, 2, 5):
         frames = sample_overview(rows[0].video, n)
-        msgs = build_messages("agentic_minimal", rows[0].question, frames, "clip.mp4", 60.0)
+        msgs = build_messages("agentic_minimal", rows[0].question, frames, "clip.mp4", 60.0, tool_schemas=DATA_TOOL_SCHEMAS)
         out[n] = encode_prompt(proc, msgs, THINK_PREFIX)
     return out
 

@@ -124,10 +124,20 @@ def test_decord_asked_for_without_decord_is_one_clear_error(monkeypatch):
         V._decord_reader("x.mp4")
 
 
+def _read_some(files, names, seed: int, n: int) -> None:
+    """``n`` 4-frame overviews of files drawn by ``seed``, every frame checked."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(n):
+        path, times = files[rng.choice(names)]
+        ov = V.sample_overview(path, 4, min_pixels=64 * 64, max_pixels=100 * 100)
+        _check(ov, times, V.uniform_times(0.0, V.probe(path).duration, 4))
+
+
 def test_reader_cache_never_closes_a_reader_in_use(files, monkeypatch):
     """More videos than max_open, eight threads decoding at once: no reader is closed under a thread
     that holds it (that used to surface as an IndexError), every frame is the right one."""
-    import random
     import threading
 
     monkeypatch.setattr(V, "READERS", V._ReaderCache(max_open=2))
@@ -135,12 +145,8 @@ def test_reader_cache_never_closes_a_reader_in_use(files, monkeypatch):
     errors: list[BaseException] = []
 
     def work(seed: int) -> None:
-        rng = random.Random(seed)
         try:
-            for _ in range(12):
-                path, times = files[rng.choice(names)]
-                ov = V.sample_overview(path, 4, min_pixels=64 * 64, max_pixels=100 * 100)
-                _check(ov, times, V.uniform_times(0.0, V.probe(path).duration, 4))
+            _read_some(files, names, seed, 12)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -156,15 +162,10 @@ def test_reader_cache_never_closes_a_reader_in_use(files, monkeypatch):
 def _child_reads(files, names, seed: int) -> None:
     """Body of a forked child: its own reads of the same files, every frame checked; exit 1 on any error."""
     import os
-    import random
     import traceback
 
     try:
-        rng = random.Random(seed)
-        for _ in range(4):
-            path, times = files[rng.choice(names)]
-            ov = V.sample_overview(path, 4, min_pixels=64 * 64, max_pixels=100 * 100)
-            _check(ov, times, V.uniform_times(0.0, V.probe(path).duration, 4))
+        _read_some(files, names, seed, 4)
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
         os._exit(1)
@@ -176,7 +177,6 @@ def test_reader_cache_survives_forks_while_threads_decode(files, monkeypatch):
     reads the same files with readers of its own and gets the right frames; the parent's readers,
     shared file offsets included, are untouched by the children and its threads get the right frames."""
     import multiprocessing
-    import random
     import threading
 
     monkeypatch.setattr(V, "READERS", V._ReaderCache(max_open=2))
@@ -185,13 +185,9 @@ def test_reader_cache_survives_forks_while_threads_decode(files, monkeypatch):
     start = threading.Barrier(9)
 
     def work(seed: int) -> None:
-        rng = random.Random(seed)
         start.wait()
         try:
-            for _ in range(10):
-                path, times = files[rng.choice(names)]
-                ov = V.sample_overview(path, 4, min_pixels=64 * 64, max_pixels=100 * 100)
-                _check(ov, times, V.uniform_times(0.0, V.probe(path).duration, 4))
+            _read_some(files, names, seed, 10)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 

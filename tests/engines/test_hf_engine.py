@@ -9,6 +9,7 @@ from paravt.core.video import sample_overview
 from paravt.data.schema import load_rl_rows
 from paravt.engines.base import SamplingParams
 from paravt.engines.hf import HFEngine
+from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +17,7 @@ def prompt(tiny, world):
     _, proc = tiny
     rows, _ = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
     frames = sample_overview(rows[0].video, 4)
-    return encode_prompt(proc, build_messages("agentic_minimal", rows[0].question, frames, "v.mp4", 60.0), THINK_PREFIX)
+    return encode_prompt(proc, build_messages("agentic_minimal", rows[0].question, frames, "v.mp4", 60.0, tool_schemas=DATA_TOOL_SCHEMAS), THINK_PREFIX)
 
 
 @pytest.fixture()
@@ -174,7 +175,7 @@ def test_greedy_tokens_are_the_same_alone_and_in_a_left_padded_batch(engine, tin
     alone and batched with prompts of other lengths and other frames (left padding, per-row positions)."""
     _, proc = tiny
     rows, _ = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
-    prompts = [encode_prompt(proc, build_messages(mode, r.question, sample_overview(r.video, k), "v.mp4", 60.0), THINK_PREFIX)
+    prompts = [encode_prompt(proc, build_messages(mode, r.question, sample_overview(r.video, k), "v.mp4", 60.0, tool_schemas=DATA_TOOL_SCHEMAS), THINK_PREFIX)
                for r, k, mode in [(rows[0], 4, "agentic_minimal"), (rows[1], 8, "agentic_general"), (rows[2], 2, "direct")]]
     assert len({len(ids) for ids, _ in prompts}) == 3  # three lengths: the batch is padded
     sp = SamplingParams(temperature=0, max_new_tokens=20)

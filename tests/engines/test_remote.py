@@ -20,6 +20,7 @@ from paravt.engines.base import SamplingParams
 from paravt.engines.hf import HFEngine
 from paravt.engines.openai import OpenAIEngine
 from paravt.engines.sglang import SGLangEngine, SGLangServer, SGLangServerConfig
+from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 
 
 def _free_port():
@@ -58,7 +59,7 @@ def test_sglang_client_matches_in_process_engine(server, tiny, rows, penalty):
     url, _ = server
     model, proc = tiny
     frames = sample_overview(rows[0].video, 4)
-    ids, imgs = encode_prompt(proc, build_messages("agentic_minimal", rows[0].question, frames, "v.mp4", 60.0),
+    ids, imgs = encode_prompt(proc, build_messages("agentic_minimal", rows[0].question, frames, "v.mp4", 60.0, tool_schemas=DATA_TOOL_SCHEMAS),
                               THINK_PREFIX)
     p = SamplingParams(temperature=0.9, max_new_tokens=12, seed=11, frequency_penalty=penalty)
 
@@ -84,7 +85,7 @@ def test_server_rejects_expanded_pads_like_sglang_and_checks_prompt_length(serve
     url, _ = server
     _, proc = tiny
     ids, imgs = encode_prompt(proc, build_messages("agentic_minimal", rows[0].question,
-                                                   sample_overview(rows[0].video, 2), "v.mp4", 60.0), THINK_PREFIX)
+                                                   sample_overview(rows[0].video, 2), "v.mp4", 60.0, tool_schemas=DATA_TOOL_SCHEMAS), THINK_PREFIX)
     body = {"input_ids": list(ids), "image_data": imgs.data_urls(), "sampling_params": {"max_new_tokens": 2}}
     r = requests.post(url + "/generate", json=body, timeout=60)
     assert r.status_code == 400 and "one per image" in r.text

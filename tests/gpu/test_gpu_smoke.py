@@ -53,6 +53,7 @@ def test_sglang_rollout_with_images_matches_the_local_ids(tiny, world, tmp_path)
     from paravt.core.prompts import THINK_PREFIX, build_messages
     from paravt.core.video import sample_overview
     from paravt.data.schema import load_rl_rows
+    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
     from paravt.engines.base import SamplingParams
     from paravt.models.tokenize import vision_token_ids
     from paravt.engines.sglang import SGLangEngine, SGLangServer, SGLangServerConfig
@@ -60,7 +61,7 @@ def test_sglang_rollout_with_images_matches_the_local_ids(tiny, world, tmp_path)
     model, proc = tiny
     row = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])[0][0]
     ids, imgs = encode_prompt(proc, build_messages("agentic_minimal", row.question, sample_overview(row.video, 5),
-                                                   "v.mp4", 60.0), THINK_PREFIX)
+                                                   "v.mp4", 60.0, tool_schemas=DATA_TOOL_SCHEMAS), THINK_PREFIX)
     pad = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     cfg = SGLangServerConfig(model_path=str(Path(model.name_or_path)), gpus=[int(os.environ.get("PARAVT_TEST_GPU", 0))],
                              mem_fraction_static=0.3, context_length=4096, port=31556, vlm_cache_size_mb=0,

@@ -7,6 +7,7 @@ from paravt.core.prompts import THINK_PREFIX, build_messages
 from paravt.core.video import sample_overview
 from paravt.data.schema import load_rl_rows
 from paravt.models.tiny import TAG_TOKENS, TinyShape, build_tiny, validate_shape
+from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 
 
 def test_build_is_deterministic(tmp_path):
@@ -64,7 +65,7 @@ def test_forward_and_generate_with_frames(tiny, world):
     model, proc = tiny
     rows, _ = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
     frames = sample_overview(rows[0].video, 4)
-    msgs = build_messages("agentic_general", rows[0].question, frames, "v.mp4", 60.0)
+    msgs = build_messages("agentic_general", rows[0].question, frames, "v.mp4", 60.0, tool_schemas=DATA_TOOL_SCHEMAS)
     text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) + THINK_PREFIX
     inp = proc(text=[text], images=[f.image for f in frames], return_tensors="pt")
     assert inp["image_grid_thw"].tolist() == [[1, 4, 4]] * 4  # 64×64 frame → 4 tokens
