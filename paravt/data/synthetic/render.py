@@ -109,6 +109,9 @@ def write_numbered_video(path: Path, seconds: float, fps: int = 24, width: int =
             import fractions  # noqa: PLC0415
             tb = fractions.Fraction(1, 90000)
             s.time_base = s.codec_context.time_base = tb
+            # rate control blind to the timestamps: the same bits per frame as the constant-rate file
+            # (x264 otherwise spends more on frames shown longer), so the two decode alike
+            s.options = {**s.options, "x264-params": "force-cfr=1"}
         it = range(n)
         if progress:
             from tqdm import tqdm  # noqa: PLC0415
