@@ -63,12 +63,13 @@ def rollout_server(sft_checkpoint, tmp_path_factory):
 def prompt(sft_world, sft_checkpoint):
     """An overview prompt with 4 frames as images: (ids, images, processor)."""
     from paravt.agent.episode import EpisodeConfig, EpisodeSample, build_overview
+    from paravt.data.tool_specs import CROP_VIDEO_SCHEMA
     from paravt.eval.splits import load_split
     from paravt.models.loading import load_processor
 
     proc = load_processor(sft_checkpoint)
     s = load_split("synthetic", "", str(sft_world / "local"))[0]
-    ov = build_overview(EpisodeSample(s.id, s.question, s.video, s.duration), 4, EpisodeConfig(), proc, None)
+    ov = build_overview(EpisodeSample(s.id, s.question, s.video, s.duration), 4, EpisodeConfig(), proc, [CROP_VIDEO_SCHEMA])
     return ov.prompt_ids, ov.images, proc
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from paravt.eval import driver
+from paravt.data.tool_specs import CROP_VIDEO_SCHEMA
 
 pytestmark = pytest.mark.real_server
 
@@ -90,7 +91,7 @@ def test_served_prompt_ids_equal_ours(sft_world, sft_checkpoint, vllm_server):
     s = load_split("synthetic", "", str(sft_world / "local"))[0]
     cfg = EvalConfig(model=str(sft_checkpoint), overview="paravt")
     ecfg = episode_config(cfg, s.question_type)
-    ov = build_overview(EpisodeSample(s.id, s.question, s.video, s.duration), 8, ecfg, None, None)
+    ov = build_overview(EpisodeSample(s.id, s.question, s.video, s.duration), 8, ecfg, None, [CROP_VIDEO_SCHEMA])
     ids, _ = encode_prompt(proc, ov.messages, ecfg.prefix)
 
     async def ask():
@@ -145,7 +146,6 @@ def test_tool_turn_with_frames_renders_to_our_ids(sft_world, sft_checkpoint, vll
     from paravt.agent.episode import EpisodeSample, build_overview
     from paravt.agent.tools import CropConfig, CropVideo, ToolContext
     from paravt.core.toolcall import ToolCall, format_tool_call
-    from paravt.data.tool_specs import CROP_VIDEO_SCHEMA
     from paravt.engines.base import SamplingParams
     from paravt.engines.openai import OpenAIEngine
     from paravt.eval.driver import EvalConfig, episode_config
