@@ -2,7 +2,8 @@
 # Format Fragility at tiny scale: a base with a tool prior of its own, a cold-start SFT, then vanilla
 # GRPO and PARA-GRPO from that SFT (same steps, same seed). Runs inside a finished quickstart folder.
 #   bash scripts/fragility_tiny.sh SEED_DIR        (a quickstart OUT_DIR: needs world/ and sft_reading_long/final)
-#   Sizes (environment): PRIOR_STEPS (300), COLD_STEPS (150), FRAG_RL_STEPS (60), SEED (0)
+#   Sizes (environment): PRIOR_STEPS (300), COLD_STEPS (150), FRAG_RL_STEPS (60), SEED (0);
+#     QUICKSTART_SMALL=1: 10 / 10 / 4 (a few minutes; CI)
 # The prior: the quickstart's episode rows rewritten in the native format of an instruct model
 # (Hermes tool calls, plain answers, no <think> block, no answer tags; python -m paravt.data.synthetic.native),
 # trained on top of the reading lessons (sft_reading_long). The cold start then teaches the structured
@@ -19,7 +20,12 @@ source "$ROOT/scripts/_common.sh" cpu
 cd "$ROOT"
 SRC="$(cd "$1" && pwd)"
 OUT="$SRC/fragility"
-SEED="${SEED:-0}"; PRIOR_STEPS="${PRIOR_STEPS:-300}"; COLD_STEPS="${COLD_STEPS:-150}"; FRAG_RL_STEPS="${FRAG_RL_STEPS:-60}"
+SEED="${SEED:-0}"
+if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
+  PRIOR_STEPS="${PRIOR_STEPS:-10}"; COLD_STEPS="${COLD_STEPS:-10}"; FRAG_RL_STEPS="${FRAG_RL_STEPS:-4}"
+else
+  PRIOR_STEPS="${PRIOR_STEPS:-300}"; COLD_STEPS="${COLD_STEPS:-150}"; FRAG_RL_STEPS="${FRAG_RL_STEPS:-60}"
+fi
 W="$SRC/world/local"
 for need in "$W/paravt_sft_synth.parquet" "$W/paravt_reading_episode_synth.parquet" "$SRC/sft_reading_long/final/config.json"; do
   [[ -e "$need" ]] || { echo "error: $need does not exist (run bash scripts/quickstart.sh $SRC first)" >&2; exit 2; }

@@ -60,3 +60,8 @@ def test_short_quickstart(tmp_path):
     md = (rep / "report.md").read_text()
     assert "Seeds 0, 1" in md and "| PARA-GRPO vs vanilla GRPO | 4 |" in md
     assert "training format compliance, PARA-GRPO" in md
+    # Format Fragility on a base with a prior of its own, in every seed's folder
+    assert "## Format Fragility" in md and (rep / "fragility_curves.png").stat().st_size > 1000
+    for s in ("seed_0", "seed_1"):
+        assert (rep / s / "fragility/rl_vanilla/final/config.json").exists()
+        assert pq.read_metadata(rep / s / "fragility/native.parquet").num_rows > 0
