@@ -115,3 +115,14 @@ def test_a_baked_tools_block_gains_the_new_tool():
     sys_text = msgs[0]["content"]
     assert sys_text.count("\"crop_video\"") == 1 and "\"zoom_frame\"" in sys_text
     assert sys_text.index("zoom_frame") < sys_text.index("</tools>") and sys_text.endswith("Use them.")
+
+
+def test_a_plugin_tool_declares_how_its_calls_are_read():
+    """The tool class carries its call syntax: once resolved, a positional <tool_code> call with a clock
+    time reads as the tool's own parameter in seconds (the parser knows no tool by name)."""
+    from paravt.agent.tools import resolve_tool
+    from paravt.core.toolcall import parse_tool_calls
+
+    resolve_tool(ZOOM)
+    call_ = parse_tool_calls('<tool_code>zoom_frame("0:05")</tool_code>').calls[0]
+    assert (call_.name, call_.arguments) == ("zoom_frame", {"timestamp": 5.0})
