@@ -16,6 +16,7 @@ for a in "$@"; do
   if [[ "$a" == "-h" || "$a" == "--help" ]]; then sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0" | sed '1s/^/usage: /'; exit 0; fi
 done
 [[ $# -ge 1 ]] || { echo "usage: bash scripts/fragility_tiny.sh SEED_DIR (a finished quickstart folder)" >&2; exit 2; }
+[[ -d "$1" ]] || { echo "error: $1 is not a folder (give a finished quickstart OUT_DIR)" >&2; exit 2; }
 source "$ROOT/scripts/_common.sh" cpu
 cd "$ROOT"
 SRC="$(cd "$1" && pwd)"
