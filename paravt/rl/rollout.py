@@ -25,7 +25,7 @@ import logging
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
 from paravt.agent.tools import build_tools
 from paravt.agent.trajectory import SequenceRecord, Trajectory
-from paravt.core.scoring import episode_well_formed
+from paravt.core.scoring import episode_well_formed, turn_well_formed
 from paravt.core.seeding import rng, stable_hash
 from paravt.models.images import ImageInputs
 from paravt.rl.config import RLConfig
@@ -91,6 +91,8 @@ def episode_config(cfg: RLConfig) -> EpisodeConfig:
 def rollout_metrics(trajs, rewards, ks, zero_std: float) -> dict[str, float]:
     """The step's rollout metrics under their conventional names."""
     n = max(len(trajs), 1)
+    formed = [episode_well_formed([x.text for x in t.turns]) for t in trajs]
+    turns = [turn_well_formed(x.text) for t in trajs for x in t.turns]
     calls = [c for t in trajs for turn in t.turns for c in turn.calls]
     tool_turns = [turn for t in trajs for turn in t.turns if turn.calls]
     m = {
@@ -99,7 +101,10 @@ def rollout_metrics(trajs, rewards, ks, zero_std: float) -> dict[str, float]:
         "reward/format": sum(r.format for r in rewards) / n,
         "reward/tool": sum(r.tool for r in rewards) / n,
         "reward/guarded": sum(r.guarded for r in rewards) / n,
-        "format/compliance": sum(episode_well_formed([x.text for x in t.turns]) for t in trajs) / n,
+        "format/compliance": sum(formed) / n,
+        # per turn: an episode of several turns fails if any turn does; this separates "longer episodes"
+        # (tool calls at small K) from "a weaker format"
+        "format/turn_compliance": (sum(turns) / len(turns)) if turns else 0.0,
         "tools/call_frequency": sum(t.stats["tool_calls"] > 0 for t in trajs) / n,
         "tools/calls_per_turn": (len(calls) / len(tool_turns)) if tool_turns else 0.0,
         "tools/parallel_turn_ratio": (sum(len(x.calls) >= 2 for x in tool_turns) / len(tool_turns)) if tool_turns else 0.0,
@@ -117,6 +122,7 @@ def rollout_metrics(trajs, rewards, ks, zero_std: float) -> dict[str, float]:
         idx = [i for i, kk in enumerate(ks) if kk == k]
         m[f"reward_by_K/acc_K{k}"] = sum(rewards[i].acc for i in idx) / len(idx)
         m[f"tools_by_K/call_frequency_K{k}"] = sum(trajs[i].stats["tool_calls"] > 0 for i in idx) / len(idx)
+        m[f"format_by_K/compliance_K{k}"] = sum(formed[i] for i in idx) / len(idx)
     return m
 
 
