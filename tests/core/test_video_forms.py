@@ -135,37 +135,48 @@ def _read_some(files, names, seed: int, n: int) -> None:
         _check(ov, times, V.uniform_times(0.0, V.probe(path).duration, 4))
 
 
-def test_reader_cache_never_closes_a_reader_in_use(files, monkeypatch):
-    """More videos than max_open, eight threads decoding at once: no reader is closed under a thread
-    that holds it (that used to surface as an IndexError), every frame is the right one."""
+STRESS = ["cfr24", "dropped_frames", "jitter", "vp9_webm", "offset_2s", "ntsc_mkv"]
+
+
+def _reader_threads(files, n: int, reads: int, start=None):
+    """``n`` started threads each doing ``reads`` checked overviews (after ``start.wait()`` if given),
+    and the list their errors go to."""
     import threading
 
-    monkeypatch.setattr(V, "READERS", V._ReaderCache(max_open=2))
-    names = ["cfr24", "dropped_frames", "jitter", "vp9_webm", "offset_2s", "ntsc_mkv"]
     errors: list[BaseException] = []
 
     def work(seed: int) -> None:
+        if start is not None:
+            start.wait()
         try:
-            _read_some(files, names, seed, 12)
+            _read_some(files, STRESS, seed, reads)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
+    return threads, errors
+
+
+def test_reader_cache_never_closes_a_reader_in_use(files, monkeypatch):
+    """More videos than max_open, eight threads decoding at once: no reader is closed under a thread
+    that holds it (that used to surface as an IndexError), every frame is the right one."""
+    monkeypatch.setattr(V, "READERS", V._ReaderCache(max_open=2))
+    threads, errors = _reader_threads(files, 8, 12)
     for t in threads:
         t.join()
     assert not errors, errors[:3]
     assert V.READERS.opened > 2 and len(V.READERS._items) <= 2 and not V.READERS._users
 
 
-def _child_reads(files, names, seed: int) -> None:
+def _child_reads(files, seed: int) -> None:
     """Body of a forked child: its own reads of the same files, every frame checked; exit 1 on any error."""
     import os
     import traceback
 
     try:
-        _read_some(files, names, seed, 4)
+        _read_some(files, STRESS, seed, 4)
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
         os._exit(1)
@@ -180,25 +191,13 @@ def test_reader_cache_survives_forks_while_threads_decode(files, monkeypatch):
     import threading
 
     monkeypatch.setattr(V, "READERS", V._ReaderCache(max_open=2))
-    names = ["cfr24", "dropped_frames", "jitter", "vp9_webm", "offset_2s", "ntsc_mkv"]
-    errors: list[BaseException] = []
     start = threading.Barrier(9)
-
-    def work(seed: int) -> None:
-        start.wait()
-        try:
-            _read_some(files, names, seed, 10)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
+    threads, errors = _reader_threads(files, 8, 10, start)
     start.wait()
     ctx = multiprocessing.get_context("fork")
     children = []
     for i in range(4):  # forked while the threads hold readers, locks and decoder threads
-        p = ctx.Process(target=_child_reads, args=(files, names, 100 + i))
+        p = ctx.Process(target=_child_reads, args=(files, 100 + i))
         p.start()
         children.append(p)
     for p in children:
