@@ -5,11 +5,11 @@
 # Finished stages are reused on a rerun (delete OUT_DIR to start over).
 #   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
 #   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
-#   Sizes (environment): PERC_STEPS (600), SFT_STEPS (600), RL_STEPS (16), EVAL_LIMIT (120 per cell: every held-out question of the needle world),
+#   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (20), EVAL_LIMIT (120 per cell: every held-out question of the needle world),
 #     EVAL_CONCURRENCY (64 eval samples in flight), SEED (0)
 #   The world and the tiny base's lessons (defaults are the measured setting; docs/GUIDE.md "quickstart knobs"
 #   says what each does): WORLD_PRESET (needle), HEAD (trained | frozen | tied), SFT_READING (1),
-#   READING_FORMAT (user), SFT_PHASES ("reading_long:400 reading_episode:400"), WARMUP_STEPS (0), COPY_AUX (0),
+#   READING_FORMAT (user), SFT_PHASES ("reading_long:600 reading_episode:600"), WARMUP_STEPS (0), COPY_AUX (0),
 #   TINY_ARGS and WORLD_FLAGS (extra flags of python -m paravt.models.tiny / python -m paravt.data.synthetic)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,7 +26,7 @@ SEED="${SEED:-0}"
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
   WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; SFT_PHASES="${SFT_PHASES-reading_long:10 reading_episode:10}"; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
 else
-  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}"); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-1}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-600}"; SFT_PHASES="${SFT_PHASES-reading_long:400 reading_episode:400}"; RL_STEPS="${RL_STEPS:-16}"; EVAL_LIMIT="${EVAL_LIMIT:-120}"; EVAL_TOKENS=320
+  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}"); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-1}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; SFT_PHASES="${SFT_PHASES-reading_long:600 reading_episode:600}"; RL_STEPS="${RL_STEPS:-20}"; EVAL_LIMIT="${EVAL_LIMIT:-120}"; EVAL_TOKENS=320
 fi
 HEAD="${HEAD:-trained}"
 case "$HEAD" in
@@ -82,7 +82,7 @@ PREV="$OUT/perception"
 for i in "${!PHASES[@]}"; do
   NAME="${PHASES[$i]%%:*}"; STEPS="${PHASES[$i]##*:}"
   if [[ "$NAME" == "${PHASES[$i]}" || ! "$STEPS" =~ ^[1-9][0-9]*$ ]]; then
-    echo "SFT_PHASES: '${PHASES[$i]}' is not NAME:STEPS (e.g. reading_episode:400)" >&2; exit 2; fi
+    echo "SFT_PHASES: '${PHASES[$i]}' is not NAME:STEPS (e.g. reading_episode:600)" >&2; exit 2; fi
   DATA="$SFT_ROWS"
   if [[ "$NAME" != none ]]; then
     SHARD="$OUT/world/local/paravt_${NAME}_synth.parquet"
