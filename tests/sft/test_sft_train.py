@@ -171,3 +171,35 @@ def test_freeze_lm_head_keeps_the_output_rows_and_refuses_a_tied_model(world, ti
     emb = next(k for k in after if k.endswith("embed_tokens.weight"))
     assert torch.equal(before[head], after[head])
     assert not torch.equal(before[emb], after[emb])
+
+
+def test_fsdp2_over_one_fp32_rank_is_the_plain_module_with_the_same_steps(tiny_dir):
+    """One rank in fp32: wrap_fsdp2 returns the module itself, and two AdamW steps on it give the same
+    losses and weights as the same steps through fully_shard on that one rank."""
+    from paravt.models import parallel
+    from paravt.models.loading import load_model
+
+    d = parallel.init_distributed()
+    assert d.world_size == 1
+    plain = load_model(tiny_dir)
+    assert parallel.wrap_fsdp2(plain, d, torch.float32) is plain
+    assert not any(type(m).__name__.startswith("FSDP") for m in plain.modules())
+    sharded = parallel.wrap_fsdp2(load_model(tiny_dir), d, torch.float32, shard_one_rank=True)
+    assert any(type(m).__name__.startswith("FSDP") for m in sharded.modules())
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 500, (2, 48), generator=g)
+    losses = {}
+    for name, m in (("plain", plain), ("sharded", sharded)):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        losses[name] = []
+        for _ in range(2):
+            out = m(input_ids=ids, labels=ids)
+            out.loss.backward()
+            parallel.clip_grad_norm(m.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses[name].append(float(out.loss.detach()))
+    assert losses["plain"] == losses["sharded"]
+    sd = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in sharded.state_dict().items()}
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, sd[k]), k
