@@ -1,4 +1,5 @@
-"""SFT packing efficiency and throughput, packed vs padded, tiny model on the synthetic world.
+"""SFT packing efficiency and throughput, packed vs padded, tiny model on the synthetic world; and the
+cost of FSDP2's hooks on one fp32 rank (``wrap_fsdp2(..., shard_one_rank=True)``), which the trainers skip.
 
     python benchmarks/bench_sft_packing.py [--steps 20] [--out benchmarks/results/sft_packing.json]
 """
@@ -6,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +16,7 @@ from _util import write_result  # benchmarks/_util.py: the script's folder is on
 from paravt.core.config import load_config
 from paravt.data.materialize import materialize
 from paravt.data.synthetic import WorldConfig, build_world
+from paravt.models import parallel
 from paravt.models.tiny import build_tiny
 from paravt.sft.config import SFTConfig
 from paravt.sft.train import SFTTrainer
@@ -29,10 +32,14 @@ def main(argv=None) -> int:
     build_world(tmp / "world", WorldConfig(n_train_videos=30, n_eval_videos=1), progress=False)
     materialize(tmp / "world/media", tmp / "world/parquet", tmp / "world/local")
     res = {}
-    for name, over in (("packed (max_length 2048)", ["packing=true", "max_length=2048", "per_device_batch_size=1"]),
-                       ("padded (4 rows)", ["packing=false", "max_length=2048", "per_device_batch_size=4"])):
+    packed = ["packing=true", "max_length=2048", "per_device_batch_size=1"]
+    plain_wrap = parallel.wrap_fsdp2
+    for name, over, shard in (("packed (max_length 2048)", packed, False),
+                              ("padded (4 rows)", ["packing=false", "max_length=2048", "per_device_batch_size=4"], False),
+                              ("packed, FSDP2 hooks on one rank", packed, True)):
+        parallel.wrap_fsdp2 = functools.partial(plain_wrap, shard_one_rank=True) if shard else plain_wrap
         cfg = load_config(SFTConfig, "configs/sft/tiny.yaml", [
-            f"model_path={tmp / 'tiny'}", f"output_dir={tmp / name.split()[0]}",
+            f"model_path={tmp / 'tiny'}", f"output_dir={tmp / name.split()[0]}{int(shard)}",
             f"data.0.path={tmp}/world/local/paravt_sft_synth.parquet", f"max_steps={a.steps}",
             f"save_every={a.steps}", "logging.wandb_project=null", "logging.progress=false", *over])
         tr = SFTTrainer(cfg)
