@@ -50,6 +50,7 @@ def main(argv=None) -> int:
         batch_tokens = sum(m["real_tokens"] / max(1e-9, 1 - m["padding_fraction"]) for m in ms)
         res[name] = {"real_token_fraction": real / batch_tokens, "real_tokens_per_s": real / secs,
                      "real_tokens_per_step": real / len(ms), "seconds_per_step": secs / len(ms)}
+    parallel.wrap_fsdp2 = plain_wrap
     return write_result(a.out, res)
 
 

@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from paravt.eval.hub import hf_home
 from paravt.eval.loaders import LOADERS
-from paravt.eval.sample import (LETTERS, MCQ_SUFFIX, _LETTER_PREFIX, EvalSample, HubSource, Layout, Roots,  # noqa: F401 (re-exported)
+from paravt.eval.sample import (LETTERS, _LETTER_PREFIX, EvalSample, HubSource, Layout, Roots,  # noqa: F401 (re-exported)
                                 SplitConfig)
 
 log = logging.getLogger(__name__)
