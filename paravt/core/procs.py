@@ -8,6 +8,10 @@
   (released by the kernel when it dies, even under kill -9); a second run on the same directory
   refuses with the holder's pid instead of racing it.
 
+* :func:`start_server` — a server in a process group of its own, watched by
+  :mod:`paravt.core.reaper`: the whole group ends when the launcher does, even a server wedged in
+  its own shutdown (SIGTERM, then SIGKILL after a grace period, with nobody left to ask).
+
 Outside Linux both are no-ops (``prctl`` is Linux-only; the lock still works where ``fcntl`` exists).
 """
 
@@ -90,3 +94,56 @@ class OutputLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def start_server(argv: list[str], env: dict[str, str], log_fh, grace_s: float = 15.0):
+    """``Popen(argv)`` as a server: its own process group (its children included), SIGTERM when the
+    launcher dies, and a reaper that escalates to SIGKILL ``grace_s`` later. Returns ``(proc,
+    reaper)``; :func:`stop_server` ends both."""
+    import subprocess  # noqa: PLC0415
+
+    proc = subprocess.Popen(argv, env=env, stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=preexec_die_with_parent)
+    reaper = subprocess.Popen([sys.executable, "-m", "paravt.core.reaper", "--pgid", str(proc.pid),
+                               "--grace", str(grace_s)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  x for x in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", ""))
+                                  if x)})
+    return proc, reaper
+
+
+def stop_server(proc, reaper, grace_s: float = 60.0) -> None:
+    """SIGTERM to the server's group, SIGKILL after ``grace_s``; then release the reaper."""
+    import time  # noqa: PLC0415
+
+    from paravt.core.reaper import group_alive  # noqa: PLC0415
+
+    if proc is not None:
+        own_group = True
+        try:
+            own_group = os.getpgid(proc.pid) == proc.pid
+        except ProcessLookupError:
+            pass
+        signal_server = (lambda sig: os.killpg(proc.pid, sig)) if own_group else \
+            (lambda sig: proc.send_signal(sig))
+        deadline = time.monotonic() + grace_s
+        try:
+            signal_server(signal.SIGTERM)
+            # reap our child as it exits (a zombie still counts as a member of its group)
+            while time.monotonic() < deadline and (proc.poll() is None or (own_group and group_alive(proc.pid))):
+                time.sleep(0.2)
+            if proc.poll() is None or (own_group and group_alive(proc.pid)):
+                signal_server(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
+    if reaper is not None:
+        try:
+            reaper.stdin.close()  # the group is gone: the reaper finds nothing to end and exits
+            reaper.wait(timeout=10)
+        except Exception:  # noqa: BLE001
+            reaper.kill()

@@ -48,25 +48,37 @@ class EngineHandle:
     image_token_id: int | None = None
     urls: list[str] = field(default_factory=list)  # every server behind the engine (weights go to each)
     model_name: str | None = None  # the name vLLM requests must send
-    weight_sync: str = "paravt"  # how vLLM rollout servers load a pushed checkpoint (VLLMServerConfig.weight_sync)
+    reload_method: str = "paravt"  # how vLLM rollout servers load a checkpoint directory (VLLMServerConfig.reload_method)
+    broadcaster: Any = None  # BroadcastPush: the weight group of a run with rollout.weight_sync=broadcast
+    control_timeout_s: float = 30.0  # pause / version / cache / resume requests of a push
+    load_timeout_s: float = 600.0  # one server's weight load (disk) or a push's whole transfer (broadcast)
 
     def __post_init__(self):
         if not self.urls and self.url:
             self.urls = [self.url]
 
     def push_weights(self, source: Any, version: int) -> None:
-        """Load new weights (a state dict for ``hf``, a checkpoint directory for servers) and tag
-        them ``version``, on every server at once. Synchronous and safe to call from a thread other
-        than the one driving rollouts: each server gets a short-lived control client with its own
-        HTTP session."""
+        """Load new weights and tag them ``version``, on every server at once: a state dict for ``hf``;
+        for servers a checkpoint directory (``disk``) or
+        :class:`~paravt.engines.weight_sync.WeightBuckets` streamed over the weight group
+        (``broadcast``, :class:`~paravt.engines.weight_push.BroadcastPush`). Synchronous and safe to
+        call from a thread other than the one driving rollouts: each server gets a short-lived
+        control client with its own HTTP session."""
         if self.kind == "hf":
             asyncio.run(self.engine.update_weights(source, version))
             return
+        from paravt.engines.weight_sync import WeightBuckets  # noqa: PLC0415
+
         controls = [self.control_client(u) for u in self.urls]
 
         async def push() -> None:
             try:
-                await asyncio.gather(*(c.update_weights(str(source), version) for c in controls))
+                if isinstance(source, WeightBuckets):
+                    if self.broadcaster is None:
+                        raise EngineError("broadcast weight sync needs EngineHandle.broadcaster (rollout.weight_sync)")
+                    await self.broadcaster.push(controls, self.urls, source, version)
+                else:
+                    await asyncio.gather(*(c.update_weights(str(source), version) for c in controls))
                 if self.kind == "vllm":  # every server says it holds the version just pushed
                     held = await asyncio.gather(*(c.server_version() for c in controls))
                     if any(v != version for v in held):
@@ -75,7 +87,8 @@ class EngineHandle:
                 await asyncio.gather(*(c.close() for c in controls), return_exceptions=True)
 
         asyncio.run(push())
-        self.engine.weight_version = version
+        if self.engine is not None:
+            self.engine.weight_version = version
 
     def control_client(self, url: str | None = None):
         url = url or self.url
@@ -84,11 +97,21 @@ class EngineHandle:
         if self.kind == "vllm":
             from paravt.engines.vllm import VLLMEngine  # noqa: PLC0415
 
-            return VLLMEngine(url, model=self.model_name, image_token_id=self.image_token_id, max_retries=1,
-                              weight_sync=self.weight_sync)
+            return VLLMEngine(url, server=self._server_at(url), model=self.model_name,
+                              image_token_id=self.image_token_id, max_retries=1, reload_method=self.reload_method,
+                              control_timeout_s=self.control_timeout_s, load_timeout_s=self.load_timeout_s)
         from paravt.engines.sglang import SGLangEngine  # noqa: PLC0415
 
-        return SGLangEngine(url, image_token_id=self.image_token_id)
+        return SGLangEngine(url, server=self._server_at(url), image_token_id=self.image_token_id,
+                            request_timeout_s=self.load_timeout_s, max_retries=1)
+
+    def _server_at(self, url: str):
+        """The launched server process behind ``url`` (None for servers this run did not start)."""
+        for p in self.processes:
+            cfg = getattr(p, "cfg", None)
+            if cfg is not None and cfg.url.rstrip("/") == url.rstrip("/"):
+                return p
+        return None
 
     async def aclose(self) -> None:
         """Close the client (call on the event loop that used it)."""
@@ -98,7 +121,10 @@ class EngineHandle:
             pass
 
     def stop(self) -> None:
-        """Terminate the processes this handle started."""
+        """Terminate the processes this handle started (and leave the weight group)."""
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+            self.broadcaster = None
         for p in self.processes:
             if isinstance(p, subprocess.Popen):
                 if p.poll() is None:
@@ -229,16 +255,17 @@ def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32
     pad = image_pad_id(processor.tokenizer)
     banned = vision_token_ids(processor.tokenizer)
     name = (server.served_model_name if isinstance(server, VLLMServerConfig) else None) or model_name
-    sync = server.weight_sync if isinstance(server, VLLMServerConfig) else "paravt"
+    reload_method = server.reload_method if isinstance(server, VLLMServerConfig) else "paravt"
     engines = []
     for u, srv in servers:
         if kind == "vllm":
             engines.append(VLLMEngine(u, server=srv, model=name, banned_token_ids=banned, image_token_id=pad,
-                                      max_retries=max_retries, weight_version=weight_version, weight_sync=sync))
+                                      max_retries=max_retries, weight_version=weight_version,
+                                      reload_method=reload_method))
         else:
             engines.append(SGLangEngine(u, server=srv if isinstance(srv, SGLangServer) else None,
                                         banned_token_ids=banned, image_token_id=pad, max_retries=max_retries))
             engines[-1].weight_version = weight_version
     engine = engines[0] if len(engines) == 1 else EnginePool(engines)
     return EngineHandle(kind, engine, servers[0][0], procs, pad, urls=[u for u, _ in servers], model_name=name,
-                        weight_sync=sync)
+                        reload_method=reload_method)

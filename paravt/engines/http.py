@@ -132,7 +132,53 @@ class LaunchedServerMixin:
     def health_url(self) -> str:
         return self.url + "/health"
 
+    # A server that stops answering /health while a request waits on it is dead or wedged (its API
+    # process may live on after its engine died): the request fails after ``health_misses``
+    # consecutive failed probes, ``health_interval_s`` apart (each probe waits ``health_timeout_s``),
+    # i.e. within about a minute, instead of after the request's own timeout.
+    health_interval_s: float = 10.0
+    health_timeout_s: float = 5.0
+    health_misses: int = 3
+    _last_probe: tuple[float, bool] = (float("-inf"), True)
+
     def _check_alive(self) -> None:
         if self.server is not None and self.server.proc is not None and self.server.proc.poll() is not None:
             raise EngineError(f"{self.server_kind} server {self.url} died (exit {self.server.proc.returncode}):\n"
                               f"{self.server.log_tail()}")
+
+    async def _probe(self) -> bool:
+        """GET /health with a short timeout; concurrent waiters share one probe per interval."""
+        import aiohttp  # noqa: PLC0415
+
+        t, ok = self._last_probe
+        if time.monotonic() - t < self.health_interval_s / 2:
+            return ok
+        self._last_probe = (time.monotonic(), ok)  # claimed: others reuse the last answer meanwhile
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.health_timeout_s)) as s:
+                async with s.get(self.health_url) as r:
+                    ok = r.status == 200
+        except Exception:  # noqa: BLE001 - no answer is the answer
+            ok = False
+        self._last_probe = (time.monotonic(), ok)
+        return ok
+
+    async def watched(self, coro: Awaitable[T], what: str) -> T:
+        """``await coro`` while probing the server's health; raises :class:`EngineError` naming the
+        server when it exits or misses ``health_misses`` probes in a row."""
+        task = asyncio.ensure_future(coro)
+        misses = 0
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.health_interval_s)
+                if done:
+                    return task.result()
+                self._check_alive()
+                misses = 0 if await self._probe() else misses + 1
+                if misses >= self.health_misses:
+                    raise EngineError(f"{self.server_kind} server {self.url} did not answer /health {misses} times in a "
+                                      f"row (~{misses * self.health_interval_s:.0f} s) during {what}: its engine is dead "
+                                      "or wedged")
+        finally:
+            if not task.done():
+                task.cancel()

@@ -113,10 +113,13 @@ class SGLangServer:
     """A server process; ``with SGLangServer(cfg) as srv:`` starts it and waits until healthy."""
 
     name = "sglang"
+    kill_grace_s = 15.0  # after the launcher died: SIGTERM to the server's group, SIGKILL this much later
+    stop_grace_s = 60.0  # stop(): SIGTERM, SIGKILL this much later
 
     def __init__(self, cfg: SGLangServerConfig):
         self.cfg = cfg
         self.proc: subprocess.Popen | None = None
+        self._reaper: subprocess.Popen | None = None
         self._log = None
 
     def command(self) -> tuple[list[str], dict[str, str]]:
@@ -131,12 +134,12 @@ class SGLangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         log.info("starting %s: %s (GPUs %s)", self.name, " ".join(argv), extra_env.get("CUDA_VISIBLE_DEVICES"))
-        from paravt.core.procs import preexec_die_with_parent  # noqa: PLC0415
+        from paravt.core.procs import start_server  # noqa: PLC0415
 
-        # The server dies with the process that launched it (SIGTERM on its death, kill -9 included): it
-        # never outlives a killed trainer or eval holding its port and GPU.
-        self.proc = subprocess.Popen(argv, env={**os.environ, **extra_env}, stdout=self._log, stderr=subprocess.STDOUT,
-                                     preexec_fn=preexec_die_with_parent)
+        # The server and its children die with the process that launched it (kill -9 included), even when
+        # wedged in their own shutdown (paravt.core.reaper): they never outlive a killed trainer or eval
+        # holding its port and GPU.
+        self.proc, self._reaper = start_server(argv, {**os.environ, **extra_env}, self._log, self.kill_grace_s)
         try:
             self.wait_healthy()
         except BaseException:
@@ -155,12 +158,10 @@ class SGLangServer:
         wait_healthy(self.cfg.url + "/health", self.proc, self.cfg.startup_timeout_s, self.log_tail)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        from paravt.core.procs import stop_server  # noqa: PLC0415
+
+        stop_server(self.proc, self._reaper, self.stop_grace_s)
+        self._reaper = None
         if self._log is not None:
             self._log.close()
 
@@ -276,6 +277,30 @@ def update_from_disk_payload(path: str, version: int) -> dict[str, Any]:
     return {"model_path": str(path), "weight_version": str(version), "flush_cache": True}
 
 
+def init_group_payload(master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+                       backend: str) -> dict[str, Any]:
+    """``/init_weights_update_group``: join the trainer's weight-update group (``weight_sync``)."""
+    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend}
+
+
+def bucket_payload(metas: Sequence[Any], group_name: str, version: int | None) -> dict[str, Any]:
+    """``/update_weights_from_distributed`` for one bucket (SGLang's ``flattened_bucket`` layout: the
+    tensors' bytes back to back, one broadcast). The last bucket of a version carries the version and
+    flushes the cache."""
+    body: dict[str, Any] = {"names": [m.name for m in metas], "dtypes": [m.dtype for m in metas],
+                            "shapes": [list(m.shape) for m in metas], "group_name": group_name,
+                            "load_format": "flattened_bucket", "flush_cache": version is not None}
+    if version is not None:
+        body["weight_version"] = str(version)
+    return body
+
+
+# Requests in flight during a broadcast go back to the waiting queue and are recomputed on the new
+# weights after /continue_generation (the cache can be flushed in this mode, not in "in_place").
+PAUSE_PAYLOAD = {"mode": "retract"}
+
+
 # ---------------------------------------------------------------------------------------
 # The engine
 # ---------------------------------------------------------------------------------------
@@ -300,6 +325,7 @@ class SGLangEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
 
     async def generate(self, input_ids, images, params: SamplingParams) -> GenerationOutput:
         t0 = time.perf_counter()
+        sent_under = self.weight_version  # a request retracted by a broadcast finishes on newer weights
         async with self._sem:
             try:
                 body = generate_payload(input_ids, ImageInputs.wrap(images), params, self.banned_token_ids,
@@ -308,6 +334,8 @@ class SGLangEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
             except (EngineError, ValueError) as exc:
                 return GenerationOutput([], [], "error", self.weight_version, error=str(exc))
         out = parse_generate_response(resp, self.weight_version, expected_prompt_tokens=len(input_ids))
+        # SGLang reports one version per request: a turn that spanned a push reports the oldest (as on vLLM)
+        out.weight_version = min(out.weight_version, sent_under)
         out.latency_s = time.perf_counter() - t0
         return out
 
@@ -320,3 +348,46 @@ class SGLangEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
         if isinstance(resp, dict) and resp.get("success") is False:
             raise EngineError(f"update_weights_from_disk failed: {resp.get('message')}")
         self.weight_version = version
+
+    # ------------------------------------------------------------------ broadcast transport
+    async def _checked(self, path: str, payload: dict[str, Any]) -> Any:
+        resp = await self._post(path, payload)
+        if isinstance(resp, dict) and resp.get("success") is False:
+            raise EngineError(f"{self.url}{path} failed: {resp.get('message')}")
+        return resp
+
+    async def weight_workers(self) -> int:
+        """Ranks this server adds to the weight group: its tensor-parallel size (``/get_server_info``)."""
+        import aiohttp  # noqa: PLC0415
+
+        if self.server is not None:
+            return int(self.server.cfg.tp_size)
+        session = await self._http()
+        async with session.get(self.url + "/get_server_info", timeout=aiohttp.ClientTimeout(total=30)) as r:
+            info = await r.json() if r.status == 200 else {}
+        return int(info.get("tp_size") or 1)
+
+    async def init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                group_name: str, backend: str, timeout_s: float) -> None:  # noqa: ARG002
+        await self._checked("/init_weights_update_group",
+                            init_group_payload(master_address, master_port, rank_offset, world_size, group_name, backend))
+
+    async def begin_broadcast(self, plan: list[list[Any]], version: int, group_name: str) -> None:  # noqa: ARG002
+        self._plan, self._version, self._group = plan, version, group_name
+        await self._post("/pause_generation", PAUSE_PAYLOAD)
+
+    def bucket_request(self, index: int) -> asyncio.Future:
+        last = index == len(self._plan) - 1
+        return asyncio.ensure_future(self._checked("/update_weights_from_distributed", bucket_payload(
+            self._plan[index], self._group, self._version if last else None)))
+
+    receiving = None  # one request per bucket (bucket_request), nothing long-lived
+
+    async def end_broadcast(self, version: int, ok: bool = True) -> None:
+        try:
+            await self._post("/continue_generation", {})
+        except Exception:  # noqa: BLE001 - a failed transfer ends the run; its error is the one to report
+            if ok:
+                raise
+        if ok:
+            self.weight_version = version

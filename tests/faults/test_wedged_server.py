@@ -1,0 +1,107 @@
+"""A launched server that will not stop by itself still dies with its launcher.
+
+The server here is a small HTTP process that answers /health, starts a child (as vLLM's API server
+starts its engine process) and ignores SIGTERM, as a vLLM API server does whose engine died: its
+graceful shutdown waits on requests nobody will answer. It is launched through the project's own
+launcher (:class:`paravt.engines.sglang.SGLangServer`, the base of the vLLM launcher too); then the
+launcher is killed with -9. Within the reaper's grace period plus a margin the server and its child
+must be gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+WEDGED = textwrap.dedent("""
+    import http.server, signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)          # a shutdown that never finishes
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"])
+    open(sys.argv[2], "w").write(f"{child.pid}\\n")
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""")
+
+LAUNCHER = textwrap.dedent("""
+    import sys, time
+    from paravt.engines.sglang import SGLangServer, SGLangServerConfig
+    class Wedged(SGLangServer):
+        kill_grace_s = 2.0
+        def command(self):
+            return [sys.executable, sys.argv[1], str(self.cfg.port), sys.argv[2]], {}
+    srv = Wedged(SGLangServerConfig(model_path="unused", port=int(sys.argv[3]), gpus=[], startup_timeout_s=60,
+                                    log_file=sys.argv[4])).start()
+    print(srv.proc.pid, flush=True)
+    time.sleep(3600)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+def _run_and_kill_launcher(tmp_path: Path, launcher_argv_prefix: list[str]) -> tuple[int, int]:
+    from paravt.models.parallel import free_port
+
+    (tmp_path / "wedged.py").write_text(WEDGED)
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+    child_file = tmp_path / "child.pid"
+    p = subprocess.Popen([*launcher_argv_prefix, sys.executable, str(tmp_path / "launcher.py"), str(tmp_path / "wedged.py"),
+                          str(child_file), str(free_port()), str(tmp_path / "server.log")],
+                         cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         start_new_session=True)
+    try:
+        server = int(p.stdout.readline())
+        child = int(child_file.read_text())
+        assert _alive(server) and _alive(child)
+        os.killpg(p.pid, signal.SIGKILL)  # the launcher (and, under unshare, everything in its namespace's group)
+        p.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return server, child
+
+
+def test_a_wedged_server_and_its_child_die_with_their_launcher(tmp_path):
+    server, child = _run_and_kill_launcher(tmp_path, [])
+    deadline = time.time() + 20  # grace 2 s + the reaper's start
+    while time.time() < deadline and (_alive(server) or _alive(child)):
+        time.sleep(0.2)
+    survivors = [pid for pid in (server, child) if _alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, "a wedged server outlived its launcher"
+
+
+def test_stopping_a_wedged_server_escalates_to_sigkill(tmp_path):
+    """The launcher's own stop (end of a run) does not wait forever on a server that ignores SIGTERM."""
+    from paravt.engines.sglang import SGLangServer, SGLangServerConfig
+    from paravt.models.parallel import free_port
+
+    (tmp_path / "wedged.py").write_text(WEDGED)
+    child_file = tmp_path / "child.pid"
+
+    class Wedged(SGLangServer):
+        def command(self):
+            return [sys.executable, str(tmp_path / "wedged.py"), str(self.cfg.port), str(child_file)], {}
+
+    srv = Wedged(SGLangServerConfig(model_path="unused", port=free_port(), gpus=[], startup_timeout_s=60,
+                                    log_file=str(tmp_path / "server.log"))).start()
+    server, child = srv.proc.pid, int(child_file.read_text())
+    srv.stop_grace_s = 2.0
+    srv.stop()  # returns (SIGTERM ignored, SIGKILL after the grace) instead of waiting on the server
+    assert not _alive(server) and not _alive(child), "stop() left the server or its child running"
