@@ -5,8 +5,10 @@
 #       rollout.engine=vllm rollout.vllm.gpus=[6,7] rollout.replicas=2: two vLLM rollout servers instead.
 #   multi-node: on every node NNODES=2 NODE_RANK=<0|1> MASTER_ADDR=host0 MASTER_PORT=29500 bash scripts/run_rl.sh
 #       RECIPE rollout.urls=[http://rollhost:30000] rollout.replicas=0 ...: trainer ranks on all nodes, rank 0
-#       drives the rollout servers (launched on its node, or running elsewhere and reached by URL; they read
-#       each weight export from output_dir, so it must be on a filesystem they share).
+#       drives the rollout servers (launched on its node, or running elsewhere and reached by URL). Weights
+#       reach them in memory over a process group (rollout.weight_sync=broadcast, NCCL; they connect back to
+#       rollout.sync_address, default this host); rollout.weight_sync=disk instead writes an export per step
+#       to output_dir, which must then be on a filesystem they share.
 #   CPU: bash scripts/run_rl.sh configs/rl/tiny.yaml            (NPROC=2 for two gloo trainer processes)
 #        bash scripts/run_rl.sh configs/rl/tiny_vllm.yaml       (a real vLLM rollout server, .venv-vllm)
 # torchrun restarts crashed workers (MAX_RESTARTS, default 3); resume=auto continues from the

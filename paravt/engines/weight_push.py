@@ -139,6 +139,8 @@ def _in_thread(fn) -> asyncio.Future:
 async def _first_error(main: asyncio.Future, others: list[asyncio.Future], what: str) -> Any:
     """``main``'s result, unless one of ``others`` (the servers' requests) fails first: then that
     error, naming ``what``, without waiting for ``main`` (a collective whose peer is gone)."""
+    # if a server's request fails first, main (a collective) may still fail later: nobody awaits it then
+    main.add_done_callback(lambda f: f.cancelled() or f.exception())
     pending = {main, *others}
     while not main.done():
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)

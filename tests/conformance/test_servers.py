@@ -15,7 +15,8 @@ from paravt.data.schema import load_rl_rows
 from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 from paravt.engines.base import SamplingParams
 from paravt.engines.openai import chat_payload, parse_chat_response
-from paravt.engines.sglang import (SGLangServerConfig, collapse_image_pads, generate_payload, launch_command, parse_generate_response, update_from_disk_payload)
+from paravt.engines.sglang import (PAUSE_PAYLOAD, SGLangServerConfig, bucket_payload, collapse_image_pads, generate_payload,
+                                   init_group_payload, launch_command, parse_generate_response, update_from_disk_payload)
 from tests.conformance.server_source import load_file_module, load_method, load_structs
 
 pytestmark = pytest.mark.conformance
@@ -102,6 +103,48 @@ def test_weight_update_bodies_are_sglang_requests():
     import msgspec
     disk = msgspec.convert(update_from_disk_payload("/ckpt/v000003", 3), structs["UpdateWeightFromDiskReqInput"])
     assert disk.model_path == "/ckpt/v000003" and disk.weight_version == "3" and disk.flush_cache
+
+
+def test_broadcast_bodies_are_sglang_requests():
+    """The broadcast transport's requests (join the group, one bucket per request, pause/continue)
+    decode into SGLang's own request structs (unknown keys are rejected)."""
+    import msgspec
+
+    from paravt.engines.weight_sync import TensorMeta
+    structs = load_structs("sglang", "srt/managers/io_struct.py", [
+        "InitWeightsUpdateGroupReqInput", "UpdateWeightsFromDistributedReqInput", "PauseGenerationReqInput",
+        "ContinueGenerationReqInput"])
+    init = msgspec.convert(init_group_payload("10.0.0.1", 29555, 1, 3, "paravt_weights_1_1", "nccl"),
+                           structs["InitWeightsUpdateGroupReqInput"])
+    assert (init.master_address, init.master_port, init.rank_offset, init.world_size, init.backend) == \
+        ("10.0.0.1", 29555, 1, 3, "nccl")
+    metas = [TensorMeta("model.language_model.layers.0.mlp.down_proj.weight", "bfloat16", (64, 128)),
+             TensorMeta("model.visual.blocks.0.norm1.weight", "bfloat16", (64,))]
+    mid = msgspec.convert(bucket_payload(metas, "g", None), structs["UpdateWeightsFromDistributedReqInput"])
+    assert mid.names == [m.name for m in metas] and mid.dtypes == ["bfloat16"] * 2 and mid.shapes == [[64, 128], [64]]
+    assert mid.load_format == "flattened_bucket" and not mid.flush_cache and mid.weight_version is None
+    last = msgspec.convert(bucket_payload(metas, "g", 7), structs["UpdateWeightsFromDistributedReqInput"])
+    assert last.flush_cache and last.weight_version == "7"
+    pause = msgspec.convert(PAUSE_PAYLOAD, structs["PauseGenerationReqInput"])
+    assert pause.mode == "retract"
+    msgspec.convert({}, structs["ContinueGenerationReqInput"])
+
+
+def test_sglang_reads_our_bucket_bytes_back_as_our_tensors():
+    """SGLang's own FlattenedTensorBucket, allocated from the names/dtypes/shapes we send, holds our
+    flat bytes as exactly our tensors."""
+    import torch
+
+    from paravt.engines.weight_sync import TensorMeta, flatten
+    ftb = load_file_module("sglang", "srt/weight_sync/tensor_bucket.py")
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(4, 6, generator=g).to(torch.bfloat16), torch.randn(5, generator=g).to(torch.bfloat16)]
+    metas = [TensorMeta(f"t{i}", "bfloat16", tuple(t.shape)) for i, t in enumerate(ts)]
+    body = bucket_payload(metas, "g", 1)
+    bucket = ftb.FlattenedTensorBucket.empty(body["names"], body["dtypes"], body["shapes"], "cpu")
+    bucket.get_flattened_tensor().copy_(flatten(ts))
+    got = dict(bucket.reconstruct_tensors())
+    assert all(torch.equal(got[m.name], t) for m, t in zip(metas, ts))
 
 
 def _video_messages(k: int):

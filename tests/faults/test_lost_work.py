@@ -91,6 +91,23 @@ def test_rl_whose_every_rollout_fails_stops_with_one_line_and_exit_3(world, tiny
     assert all((a[k] == b[k]).all() for k in b)  # no optimizer step was taken on an empty batch
 
 
+def test_a_short_rl_run_that_lost_every_prompt_does_not_end_as_a_success(world, tiny_dir, tmp_path):
+    """2 steps, every video unreadable, rollout.max_bad_steps at its default (3): the abort never
+    fires, yet the run must not write final/ and exit 0 with "RL done"."""
+    data = _rl_rows_with_broken_videos(world, tmp_path)
+    out = tmp_path / "rl_short"
+    r = subprocess.run([sys.executable, "-m", "paravt.rl.train", str(ROOT / "configs/rl/tiny.yaml"),
+                        f"model_path={tiny_dir}", f"output_dir={out}", f"train_data=[{data}]",
+                        "hierarchical_agent.max_new_tokens=16", "grpo.prompts_per_step=2", "grpo.n_samples=2",
+                        "logging.wandb_project=null", "logging.progress=false", "max_steps=2", "save_every=2"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 3, r.stderr[-3000:]
+    line = _one_line(r.stderr)
+    assert "ended with its last 2 step(s) losing work" in line and ".mp4" in line and "checkpoint" in line, line
+    assert "RL done" not in r.stdout and not (out / "final").exists()
+    assert (out / "checkpoints/step_000002/COMPLETE").exists()
+
+
 # --------------------------------------------------------------------------- eval: missing videos are lost work
 def _eval_args(tiny_dir, local, out, *extra):
     return [sys.executable, "-m", "paravt.eval.driver", f"model={tiny_dir}", f"out={out}",

@@ -458,7 +458,10 @@ def test_killing_the_server_stops_the_run_with_a_checkpoint(sft_world, sft_check
             kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
             for k in [pid, *map(int, kids)]:
                 os.kill(k, signal.SIGKILL)
+        killed = time.monotonic()
         _, err = p.communicate(timeout=900)
+        # within the push's own timeout (rollout.sync_timeout_s, 300 s) plus a step: never a hang
+        assert time.monotonic() - killed < 300 + 120
     finally:
         if p.poll() is None:
             p.kill()
