@@ -83,8 +83,16 @@ def plan_buckets(metas: Iterable[TensorMeta], bucket_bytes: int) -> list[list[Te
 
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The bucket's bytes: each tensor's contiguous bytes back to back (one ``uint8`` tensor)."""
-    return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+    """The bucket's bytes: each tensor's contiguous bytes back to back (one ``uint8`` tensor), on the
+    tensors' device. On CPU the copy is numpy's single-threaded memcpy: torch's parallel copy stalls
+    when a rollout server's OpenMP threads spin on the same cores (measured on 2 cores beside a vLLM
+    CPU server: 190 ms for a 5 MB bucket, against 2 ms alone or with one thread)."""
+    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+    if parts and all(p.device.type == "cpu" for p in parts):
+        import numpy as np  # noqa: PLC0415
+
+        return torch.from_numpy(np.concatenate([p.numpy() for p in parts]))
+    return torch.cat(parts)
 
 
 def unflatten(flat: torch.Tensor, metas: Sequence[TensorMeta]) -> Iterator[tuple[str, torch.Tensor]]:
