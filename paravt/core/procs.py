@@ -114,7 +114,8 @@ def start_server(argv: list[str], env: dict[str, str], log_fh, grace_s: float = 
 
 
 def stop_server(proc, reaper, grace_s: float = 60.0) -> None:
-    """SIGTERM to the server's group, SIGKILL after ``grace_s``; then release the reaper."""
+    """SIGTERM to the server (its orderly shutdown stops its children), SIGKILL to its whole group after
+    ``grace_s`` if anything is left; then release the reaper."""
     import time  # noqa: PLC0415
 
     from paravt.core.reaper import group_alive  # noqa: PLC0415
@@ -129,7 +130,7 @@ def stop_server(proc, reaper, grace_s: float = 60.0) -> None:
             (lambda sig: proc.send_signal(sig))
         deadline = time.monotonic() + grace_s
         try:
-            signal_server(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)
             # reap our child as it exits (a zombie still counts as a member of its group)
             while time.monotonic() < deadline and (proc.poll() is None or (own_group and group_alive(proc.pid))):
                 time.sleep(0.2)

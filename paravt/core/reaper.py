@@ -6,8 +6,8 @@ can wait forever: a vLLM API server whose engine died waits in uvicorn's shutdow
 will never be answered, holding its port and memory. So every server is started in a process group
 of its own, and beside it this reaper (stdlib only, its own session, so a signal to the launcher's
 group does not reach it). It blocks on a pipe from the launcher; at end-of-file (the launcher exited,
-was killed with -9, or stopped the server itself) it sends SIGTERM to the group, waits ``--grace``
-seconds, then SIGKILL. It needs nothing from the launcher once started.
+was killed with -9, or stopped the server itself) it sends SIGTERM to the server, waits ``--grace``
+seconds, then SIGKILL to whatever is left of its group. It needs nothing from the launcher once started.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ def group_alive(pgid: int) -> bool:
 
 
 def end_group(pgid: int, grace_s: float) -> bool:
-    """SIGTERM to the group, SIGKILL after ``grace_s``; True when it had to kill."""
+    """SIGTERM to the group's leader (the server, which shuts its own children down in order), then
+    SIGKILL to every process still in the group after ``grace_s``; True when it had to kill."""
     try:
-        os.killpg(pgid, signal.SIGTERM)
+        os.kill(pgid, signal.SIGTERM)
     except ProcessLookupError:
-        return False
+        pass
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if not group_alive(pgid):

@@ -432,7 +432,9 @@ def test_the_vllm_recipe_runs_ten_steps_with_its_own_settings(sft_world, sft_che
     assert [m["step"] for m in rec] == list(range(1, 11))
     assert sum(m["rollout/skipped_prompts"] for m in rec) == 0
     assert all(m["rollout/samples"] > 0 for m in rec)
-    assert "Traceback" not in (out / "rollout_vllm.log").read_text()
+    # the server never failed while serving (vLLM's own shutdown at the end force-kills its engine and logs that)
+    serving = (out / "rollout_vllm.log").read_text().split("shutdown triggered")[0]
+    assert "Traceback" not in serving and "EngineDeadError" not in serving
     print("\nrecipe: " + ", ".join(f"{k} {sum(m[k] for m in rec) / len(rec):.2f} s" for k in
                                    ("time/rollout", "time/sync", "time/train", "time/step")))
 
