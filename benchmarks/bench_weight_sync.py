@@ -7,7 +7,7 @@
   checked to hold each version.
 * ``--part 8b``: a state dict with Qwen3-VL-8B's parameter names and shapes (random bf16, ~17.5 GB in
   all, made and dropped bucket by bucket: no machine here holds it twice) sent from one local process
-  to another over gloo with :mod:`paravt.engines.weight_sync`. Reported: transfer GB/s, and the
+  to another over gloo with :mod:`paravt.core.weight_sync`. Reported: transfer GB/s, and the
   host-side work around it (making the bucket stands in for gather + cast; packing into the flat
   bucket; the receiver's unpacking into named tensors) that a GPU node pays in device memory instead.
 
@@ -89,7 +89,7 @@ def part_tiny(model: str, repeats: int, python: str) -> dict:
 def _receiver(port: int, plan_file: str, out_file: str) -> None:
     import torch
 
-    from paravt.engines.weight_sync import TensorMeta, broadcast, init_weight_group, unflatten
+    from paravt.core.weight_sync import TensorMeta, broadcast, init_weight_group, unflatten
 
     plan = [[TensorMeta.from_json(m) for m in b] for b in json.loads(Path(plan_file).read_text())]
     g = init_weight_group("127.0.0.1", port, 1, 2, "bench", "gloo", 600)
@@ -109,7 +109,7 @@ def _receiver(port: int, plan_file: str, out_file: str) -> None:
 def part_8b(bucket_mb: int, layers: int) -> dict:
     import torch
 
-    from paravt.engines.weight_sync import TensorMeta, broadcast, flatten, init_weight_group, plan_buckets
+    from paravt.core.weight_sync import TensorMeta, broadcast, flatten, init_weight_group, plan_buckets
     from paravt.models.parallel import free_port
     from paravt.models.reference_shapes import param_shapes, qwen3vl_8b_config
 

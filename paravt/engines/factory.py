@@ -60,14 +60,14 @@ class EngineHandle:
     def push_weights(self, source: Any, version: int) -> None:
         """Load new weights and tag them ``version``, on every server at once: a state dict for ``hf``;
         for servers a checkpoint directory (``disk``) or
-        :class:`~paravt.engines.weight_sync.WeightBuckets` streamed over the weight group
+        :class:`~paravt.core.weight_sync.WeightBuckets` streamed over the weight group
         (``broadcast``, :class:`~paravt.engines.weight_push.BroadcastPush`). Synchronous and safe to
         call from a thread other than the one driving rollouts: each server gets a short-lived
         control client with its own HTTP session."""
         if self.kind == "hf":
             asyncio.run(self.engine.update_weights(source, version))
             return
-        from paravt.engines.weight_sync import WeightBuckets  # noqa: PLC0415
+        from paravt.core.weight_sync import WeightBuckets  # noqa: PLC0415
 
         controls = [self.control_client(u) for u in self.urls]
 

