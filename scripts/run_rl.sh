@@ -25,10 +25,11 @@ MAX_RESTARTS="${MAX_RESTARTS:-3}"
 # the files it names and the RL rows; a problem is one line and exit 2.
 PRE="$(python - "$RECIPE" "$@" <<'PY'
 import sys, torch
-from paravt.core.config import parse_cli
+from paravt.core.config import parse_cli, require_cuda_if_needed
 from paravt.data.schema import DataError, load_rl_rows
 from paravt.rl.config import RLConfig
 cfg = parse_cli(RLConfig, sys.argv[1:], "run_rl.sh")
+require_cuda_if_needed(cfg, "run_rl.sh", sys.argv[1], "rl")
 try:
     cfg.check_inputs()
     load_rl_rows(cfg.train_data)
@@ -37,14 +38,31 @@ except (DataError, ValueError) as exc:
     sys.exit(2)
 r = cfg.rollout
 gpus = {"sglang": r.server.gpus, "vllm": r.vllm.gpus}.get(r.engine, []) if r.replicas else []
-print(torch.cuda.device_count(), ",".join(map(str, gpus)) or "-")
+print(torch.cuda.device_count(), ",".join(map(str, gpus)) or "-", cfg.grpo.prompts_per_step)
 PY
 )" || exit $?
-read -r NGPU ROLLOUT_GPUS <<<"$PRE"
+read -r NGPU ROLLOUT_GPUS PROMPTS <<<"$PRE"
+# The trainer world must divide the step's prompts (each rank trains on its share): say so before torchrun.
+check_world() {  # check_world <ranks per node>
+  local world=$(( $1 * ${NNODES:-1} ))
+  if (( PROMPTS % world )); then
+    local up=$(( (PROMPTS + world - 1) / world * world ))
+    echo "run_rl.sh: grpo.prompts_per_step=$PROMPTS must be a multiple of the trainer world size $world ($1 rank(s) per node x ${NNODES:-1} node(s)): set grpo.prompts_per_step=$up, or NPROC to a divisor of $PROMPTS per node" >&2
+    exit 2
+  fi
+}
+# GPU numbers in recipes are this job's logical indices; a scheduler's CUDA_VISIBLE_DEVICES maps them to
+# physical ones (the servers' launcher maps them through PARAVT_VISIBLE_DEVICES too).
+export PARAVT_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-}"
 if [[ "$NGPU" -gt 0 ]]; then
   # trainer ranks get every GPU that is not a rollout GPU
-  TRAIN_GPUS=$(python -c "import sys; r=set('$ROLLOUT_GPUS'.split(',')) if '$ROLLOUT_GPUS'!='-' else set(); print(','.join(str(i) for i in range($NGPU) if str(i) not in r))")
+  TRAIN_GPUS=$(python -c "
+import os
+vis = [x for x in os.environ.get('PARAVT_VISIBLE_DEVICES', '').split(',') if x] or [str(i) for i in range($NGPU)]
+r = set('$ROLLOUT_GPUS'.split(',')) if '$ROLLOUT_GPUS' != '-' else set()
+print(','.join(vis[i] for i in range($NGPU) if str(i) not in r))")
   NPROC="${NPROC:-$(awk -F, '{print NF}' <<<"$TRAIN_GPUS")}"
+  check_world "$NPROC"
   # the SGLang server is launched by rank 0 with its own CUDA_VISIBLE_DEVICES (rollout.server.gpus)
   if [[ "${NNODES:-1}" == 1 ]]; then
     exec env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun --standalone --max-restarts="$MAX_RESTARTS" \
@@ -55,6 +73,7 @@ if [[ "$NGPU" -gt 0 ]]; then
     --max-restarts="$MAX_RESTARTS" -m paravt.rl.train "$RECIPE" "$@"
 fi
 NPROC="${NPROC:-1}"
+check_world "$NPROC"
 if [[ "${NNODES:-1}" == 1 ]]; then
   exec torchrun --standalone --max-restarts="$MAX_RESTARTS" --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
 fi

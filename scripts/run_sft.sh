@@ -13,9 +13,10 @@ RECIPE="${1:-configs/sft/tiny.yaml}"; shift || true
 # dir); a problem is one line and exit 2, never a torchrun failure report per rank.
 python - "$RECIPE" "$@" <<'PY' || exit $?
 import sys
-from paravt.core.config import parse_cli
+from paravt.core.config import parse_cli, require_cuda_if_needed
 from paravt.sft.config import SFTConfig
 cfg = parse_cli(SFTConfig, sys.argv[1:], "run_sft.sh")
+require_cuda_if_needed(cfg, "run_sft.sh", sys.argv[1], "sft")
 try:
     cfg.check_inputs()
 except ValueError as exc:

@@ -5,6 +5,9 @@
 #                                        OpenAI request bodies checked with the pinned servers' own code
 #   bash scripts/test.sh --real-server   the real-server group: a real vLLM server (CPU build, .venv-vllm)
 #                                        serving a tiny SFT checkpoint, the eval driver against it
+#   bash scripts/test.sh --gpu           tests/gpu in the GPU stage environment (.venv-rl, else .venv-sft,
+#                                        else the python on PATH); fails, never skips, without CUDA.
+#                                        bash scripts/gpu_check.sh runs them and the 8B-width figures.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -13,6 +16,16 @@ if [[ "${1:-}" == "--conformance" ]]; then
   shift
   bash "$ROOT/scripts/setup_env.sh" conformance
   PARAVT_CONFORMANCE=1 exec .venv-conformance/bin/python -m pytest tests/conformance -m conformance "$@"
+fi
+if [[ "${1:-}" == "--gpu" ]]; then
+  shift
+  PY="$(command -v python3)"
+  for c in .venv-rl/bin/python .venv-sft/bin/python; do [[ -x "$c" ]] && { PY="$c"; break; }; done
+  "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null || {
+    echo "test.sh --gpu: $PY has no CUDA torch or this machine no GPU (torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo missing)): on a GPU node build the environment with bash scripts/setup_env.sh rl" >&2
+    exit 1
+  }
+  PARAVT_REQUIRE_GPU=1 exec "$PY" -m pytest tests/gpu -m gpu "$@"
 fi
 bash "$ROOT/scripts/setup_env.sh" cpu
 if [[ "${1:-}" == "--real-server" ]]; then

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -66,3 +67,54 @@ def test_setup_env_pip_retries_a_dropped_download(tmp_path):
                        env={**env, "PIPQ_ATTEMPTS": "2"})
     assert r.returncode == 1 and "done" not in r.stdout
     assert "failed 2 times" in r.stderr and "ReadTimeoutError" in r.stdout
+
+
+def test_a_gpu_recipe_without_cuda_is_one_line_and_exit_2():
+    """No silent CPU fallback: the 8B recipes on a torch without CUDA name what is missing."""
+    import torch
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip("this machine has CUDA")
+    for script, recipe, stage in (("run_sft.sh", "configs/sft/qwen3vl_8b.yaml", "sft"),
+                                  ("run_rl.sh", "configs/rl/paragrpo_8b.yaml", "rl")):
+        r = subprocess.run(["bash", f"scripts/{script}", recipe], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, (script, r.stderr[-2000:])
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "needs CUDA" in lines[0] and f"setup_env.sh {stage}" in lines[0], lines
+
+
+def test_prompts_that_do_not_divide_the_trainer_ranks_stop_before_torchrun(world, tiny_dir, tmp_path):
+    r = subprocess.run(["bash", "scripts/run_rl.sh", "configs/rl/tiny.yaml", f"model_path={tiny_dir}",
+                        f"train_data=[{world}/local/paravt_rl_synth.parquet]", f"output_dir={tmp_path / 'rl'}",
+                        "grpo.prompts_per_step=3"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "NPROC": "2"})
+    assert r.returncode == 2, r.stderr[-2000:]
+    line = [ln for ln in r.stderr.splitlines() if ln.strip()][-1]
+    assert "grpo.prompts_per_step=3 must be a multiple of the trainer world size 2" in line and "=4" in line, line
+    assert not (tmp_path / "rl").exists()  # torchrun never started
+
+
+def test_server_gpus_are_the_jobs_logical_gpus(monkeypatch):
+    """A scheduler that gave the job GPUs 4-7: the recipe's gpus=[3] is physical GPU 7."""
+    import pytest
+
+    from paravt.engines.sglang import SGLangServerConfig, launch_command, physical_gpus
+    from paravt.engines.vllm import VLLMServerConfig
+    from paravt.engines.vllm import launch_command as vllm_launch
+
+    monkeypatch.setenv("PARAVT_VISIBLE_DEVICES", "4,5,6,7")
+    assert launch_command(SGLangServerConfig(model_path="m", gpus=[3]))[1]["CUDA_VISIBLE_DEVICES"] == "7"
+    assert vllm_launch(VLLMServerConfig(model_path="m", gpus=[2, 3], tp_size=2))[1]["CUDA_VISIBLE_DEVICES"] == "6,7"
+    with pytest.raises(ValueError, match="not among the 4"):
+        physical_gpus([4])
+    monkeypatch.setenv("PARAVT_VISIBLE_DEVICES", "")
+    assert physical_gpus([0, 7]) == "0,7"
+
+
+def test_gpu_tests_fail_rather_than_skip_without_cuda():
+    import torch
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip("this machine has CUDA")
+    r = subprocess.run(["bash", "scripts/test.sh", "--gpu"], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "test.sh --gpu:" in r.stderr and "setup_env.sh rl" in r.stderr, r.stderr[-1000:]

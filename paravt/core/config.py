@@ -240,3 +240,27 @@ def check_run_paths(model_path: str | None = None, output_dir: str | None = None
             raise ValueError(f"resume: no such checkpoint directory {resume} (auto | never | a checkpoints/step_N dir)")
         if not (r / "COMPLETE").exists():
             raise ValueError(f"resume: {resume} is not a complete checkpoint (no COMPLETE marker: the save was cut)")
+
+
+def require_cuda_if_needed(cfg, prog: str, recipe: str, stage: str) -> None:
+    """A recipe that needs CUDA, started where torch has none (no GPU, or a CPU build of torch: the
+    stage's GPU environment was never built and the launcher fell back to ``.venv-cpu``), is one
+    line and exit 2 naming what is missing, never an 8B run on the CPU."""
+    import sys  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    reason = cfg.needs_cuda() if hasattr(cfg, "needs_cuda") else None
+    if reason is None or torch.cuda.is_available():
+        return
+    from pathlib import Path  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[2]
+    env = root / f".venv-{stage}"
+    why = ("this machine has no GPU" if "+cpu" not in torch.__version__ and env.exists()
+           else f"{sys.executable} has torch {torch.__version__} without CUDA" +
+           ("" if env.exists() else f" (.venv-{stage} does not exist)"))
+    print(f"{prog}: {recipe} needs CUDA ({reason}) but {why}: on a GPU node build the environment with "
+          f"`bash scripts/setup_env.sh {stage}`; on a CPU machine use configs/{'sft' if stage == 'sft' else 'rl'}/tiny.yaml",
+          file=sys.stderr)
+    raise SystemExit(2)

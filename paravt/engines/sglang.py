@@ -104,9 +104,22 @@ def launch_command(cfg: SGLangServerConfig) -> tuple[list[str], dict[str, str]]:
     if cfg.video_nframes:
         argv += ["--mm-process-config", json.dumps({"video": {"nframes": int(cfg.video_nframes)}})]
     argv += list(cfg.extra_args)
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpus),
-           "SGLANG_VLM_CACHE_SIZE_MB": str(cfg.vlm_cache_size_mb)}
+    env = {"CUDA_VISIBLE_DEVICES": physical_gpus(cfg.gpus), "SGLANG_VLM_CACHE_SIZE_MB": str(cfg.vlm_cache_size_mb)}
     return argv, env
+
+
+def physical_gpus(gpus: Sequence[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a server on the job's logical GPUs ``gpus``: mapped through the
+    devices the job was given (``PARAVT_VISIBLE_DEVICES``, the scheduler's ``CUDA_VISIBLE_DEVICES`` as
+    the launcher found it), so a job given GPUs 4-7 puts ``gpus=[3]`` on physical GPU 7, not 3."""
+    visible = [x for x in os.environ.get("PARAVT_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    out = []
+    for g in gpus:
+        if visible and not 0 <= int(g) < len(visible):
+            raise ValueError(f"GPU {g} is not among the {len(visible)} this job was given (CUDA_VISIBLE_DEVICES="
+                             f"{','.join(visible)})")
+        out.append(visible[int(g)] if visible else str(g))
+    return ",".join(out)
 
 
 class SGLangServer:

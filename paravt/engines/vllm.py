@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
 from paravt.engines.http import HTTPSessionMixin, LaunchedServerMixin, TransientHTTPError, http_transient_errors, retry
-from paravt.engines.sglang import SGLangServer, collapse_image_pads
+from paravt.engines.sglang import SGLangServer, collapse_image_pads, physical_gpus
 from paravt.models.images import ImageInputs
 
 
@@ -122,7 +122,7 @@ def launch_command(cfg: VLLMServerConfig) -> tuple[list[str], dict[str, str]]:
         argv += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--worker-extension-cls",
                  WORKER_EXTENSION]
     argv += list(cfg.extra_args)
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpus)}
+    env = {"CUDA_VISIBLE_DEVICES": physical_gpus(cfg.gpus)}
     if cfg.rollout:
         env["VLLM_SERVER_DEV_MODE"] = "1"
         # the worker extension is imported from this repository

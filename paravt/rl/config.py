@@ -300,6 +300,17 @@ class RLConfig:
             raise ValueError(f"model_path: no such checkpoint {self.model_path}")
         check_run_paths(self.model_path, self.output_dir, self.resume)
 
+    def needs_cuda(self) -> str | None:
+        """Why this recipe cannot run without CUDA (None: it can)."""
+        r = self.rollout
+        if r.engine == "sglang":
+            return "rollout.engine=sglang runs on GPUs only"
+        if r.engine == "vllm" and r.vllm.gpus:
+            return f"rollout.vllm.gpus={r.vllm.gpus} (the CPU build takes gpus=[])"
+        if self.trainer.attn_implementation == "flash_attention_2":
+            return "trainer.attn_implementation=flash_attention_2 is a CUDA kernel"
+        return None
+
     def sync_mode(self) -> str:
         """How weights reach the engine after a step: state_dict (in-process) | broadcast | disk."""
         r = self.rollout

@@ -125,6 +125,12 @@ class SFTConfig:
         if self.copy_aux.weight and self.dist.strategy == "deepspeed":
             raise ValueError("copy_aux (the tiny model's copy lessons) runs under fsdp2, ddp or none, not deepspeed")
 
+    def needs_cuda(self) -> str | None:
+        """Why this recipe cannot run without CUDA (None: it can)."""
+        if self.attn_implementation == "flash_attention_2":
+            return "attn_implementation=flash_attention_2 is a CUDA kernel"
+        return None
+
     def check_inputs(self) -> None:
         """The files a run reads exist (called before any model loads, and by ``run_sft.sh``'s preflight
         before torchrun; not in ``__post_init__``, so a recipe can be read on a machine without its data)."""
