@@ -17,7 +17,7 @@ if [[ -f "$PARAVT_ROOT/.secrets.env" ]]; then
   source "$PARAVT_ROOT/.secrets.env"
   set +a
 fi
-export WANDB_MODE="${WANDB_MODE:-offline}"
+# wandb: the recipe's logging.wandb_mode (offline by default; online to sync) unless WANDB_MODE is set.
 export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
 export DS_ACCELERATOR="${DS_ACCELERATOR:-$(python -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo cpu)}"
 

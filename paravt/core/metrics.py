@@ -31,12 +31,23 @@ class MetricsLogger:
         if resume_step is not None:
             trim_jsonl(self.path, lambda r: r.get("step", -1) < resume_step)
         if wandb_project:
+            # WANDB_MODE set by the user wins, then the config's logging.wandb_mode (the launchers set neither)
             mode = os.environ.get("WANDB_MODE") or wandb_mode or "offline"
             try:
                 import wandb  # noqa: PLC0415
 
+                # One wandb run per run directory: its id is kept beside the metrics, so a resumed run
+                # (resume=auto after a crash or a kill) continues the same wandb run.
+                id_file = self.path.parent / "wandb_run_id"
+                run_id = id_file.read_text().strip() if id_file.exists() else ""
+                if not run_id:  # an identifier, not a draw that touches any result
+                    import uuid  # noqa: PLC0415
+
+                    run_id = uuid.uuid4().hex[:8]
+                    id_file.write_text(run_id + "\n")
                 self._wandb = wandb.init(project=wandb_project, name=run_name, mode=mode, config=config or {},
-                                         dir=str(self.path.parent), reinit="finish_previous")
+                                         dir=str(self.path.parent), reinit="finish_previous", id=run_id,
+                                         resume="allow")
             except Exception as exc:  # noqa: BLE001 - logging must never stop training
                 log.warning("wandb disabled: %s", exc)
 
