@@ -1,6 +1,8 @@
 """Run every Table-1 row (or the CPU smoke rows) and print the table beside the paper's numbers.
 
     python -m paravt.eval.reproduce --table configs/eval/paper_table1.yaml --data_root /data/bench --out runs/table1
+    python -m paravt.eval.reproduce --row mine --model runs/paragrpo_8b/final --data_root /data/bench \
+        --rl_metrics runs/paragrpo_8b/metrics.jsonl            # your checkpoint as its own row
     python -m paravt.eval.reproduce --smoke --model runs/quickstart/sft/final --synthetic runs/quickstart/world/local
 """
 
@@ -26,10 +28,13 @@ def row_overrides(r: dict, split: str) -> dict:
 
 
 def run_rows(rows, splits, common: list[str], out: str) -> dict:
+    """Evaluate each row that names a model (its own id or path; a row never borrows another's);
+    a row without one is skipped with its line."""
     results = {}
     for r in rows:
-        if not r.get("model") and "model" not in " ".join(common):
-            print(f"skip {r['row']}: no public checkpoint id configured (fill 'model' in the table config)")
+        if not r.get("model"):
+            print(f"skip {r['row']}: no public checkpoint id configured (fill 'model' in the table config, or "
+                  "evaluate your checkpoint as its own row: --row NAME --model PATH)")
             continue
         for split in splits:
             over = row_overrides(r, split)
@@ -93,7 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m paravt.eval.reproduce")
     ap.add_argument("--table", default="configs/eval/paper_table1.yaml")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny model on the synthetic eval set")
-    ap.add_argument("--model", help="checkpoint for the smoke rows")
+    ap.add_argument("--model", help="your checkpoint: its own row (--row) beside the paper's; with --smoke, the "
+                                    "checkpoint of the smoke rows")
+    ap.add_argument("--row", help="the name of your checkpoint's row (with --model)")
+    ap.add_argument("--like", help="the table row whose prompt mode and channels your row uses (default: paravt-8b; "
+                                   "sft-tool-K4 with --smoke)")
+    ap.add_argument("--rows", help="comma-separated rows to evaluate (default: every row with a model; yours "
+                                   "alone when --row is given); the others keep their published numbers")
     ap.add_argument("--synthetic", help="folder with paravt_eval_synth.parquet (smoke)")
     ap.add_argument("--data_root", default="data/benchmarks")
     ap.add_argument("--out", default="runs/table1")
@@ -102,18 +113,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra key=value for every run (e.g. backend=openai)")
     a = ap.parse_args(argv)
     spec = yaml.safe_load(Path("configs/eval/smoke.yaml" if a.smoke else a.table).read_text())
+    if any(o.split("=", 1)[0].strip() == "model" for o in a.overrides):
+        ap.error("model= would replace the rows' own checkpoints: evaluate yours as its own row with "
+                 "--row NAME --model PATH")
+    rows = list(spec["rows"])
+    if a.row:
+        if not a.model:
+            ap.error("--row needs --model (your checkpoint)")
+        a.like = a.like or ("sft-tool-K4" if a.smoke else "paravt-8b")
+        like = next((r for r in rows if r["row"] == a.like), None)
+        if like is None:
+            ap.error(f"--like {a.like}: no such row ({', '.join(r['row'] for r in rows)})")
+        if any(r["row"] == a.row for r in rows):
+            ap.error(f"--row {a.row}: the table has a row of that name already; choose another")
+        mine = {k: v for k, v in like.items() if k != "published"}
+        mine.update({"row": a.row, "model": a.model})
+        rows.append(mine)
+    elif a.model and not a.smoke:
+        ap.error("--model needs --row NAME (the name of your checkpoint's row)")
+    selected = [x.strip() for x in a.rows.split(",")] if a.rows else ([a.row] if a.row else None)
+    if selected:
+        unknown = [x for x in selected if x not in {r["row"] for r in rows}]
+        if unknown:
+            ap.error(f"--rows: no such row(s) {unknown}")
+    run = [r for r in rows if selected is None or r["row"] in selected]
     common = list(a.overrides) + ["progress=false"]
     if a.limit:
         common.append(f"limit={a.limit}")
     if a.smoke:
         if not a.model or not a.synthetic:
             ap.error("--smoke needs --model and --synthetic")
-        common = [f"model={a.model}", f"split_paths={{synthetic: {a.synthetic}}}", "max_new_tokens=400"] + common
+        common = [f"split_paths={{synthetic: {a.synthetic}}}", "max_new_tokens=400"] + common
+        run = [{**r, "model": r.get("model") or a.model} for r in run]
     else:
         common.append(f"data_root={a.data_root}")
     common += [f"{k}={v}" for k, v in spec.get("protocol", {}).items()]
-    results = run_rows(spec["rows"], spec["splits"], common, a.out)
-    md = table(results, spec["rows"], spec["splits"])
+    results = run_rows(run, spec["splits"], common, a.out)
+    md = table(results, rows, spec["splits"])
     checks = run_checks(spec.get("checks", []), results, spec["splits"], a.rl_metrics)
     if checks:
         md += "\n| paper claim | paper | this run | status |\n|---|---|---|---|\n"
