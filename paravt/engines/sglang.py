@@ -128,6 +128,7 @@ class SGLangServer:
     name = "sglang"
     kill_grace_s = 15.0  # after the launcher died: SIGTERM to the server's group, SIGKILL this much later
     stop_grace_s = 60.0  # stop(): SIGTERM, SIGKILL this much later
+    port_wait_s: float | None = None  # start(): wait this long for a busy port (None: kill_grace_s + 15)
 
     def __init__(self, cfg: SGLangServerConfig):
         self.cfg = cfg
@@ -144,6 +145,7 @@ class SGLangServer:
 
     def start(self) -> "SGLangServer":
         argv, extra_env = self.command()
+        self._wait_port_free()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         log.info("starting %s: %s (GPUs %s)", self.name, " ".join(argv), extra_env.get("CUDA_VISIBLE_DEVICES"))
@@ -159,6 +161,28 @@ class SGLangServer:
             self.stop()
             raise
         return self
+
+    def _wait_port_free(self) -> None:
+        """A restarted run (torchrun's --max-restarts, resume=auto) may find its dead predecessor's
+        server still holding the port while the reaper ends it: wait for the port up to the reaper's
+        grace plus a margin, then say who holds it instead of a bind error deep in the server's log."""
+        import socket  # noqa: PLC0415
+
+        wait_s = self.kill_grace_s + 15 if self.port_wait_s is None else self.port_wait_s
+        deadline = time.monotonic() + wait_s
+        while True:
+            with socket.socket() as sk:
+                sk.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sk.bind((self.cfg.host, self.cfg.port))
+                    return
+                except OSError:
+                    pass
+            if time.monotonic() > deadline:
+                raise EngineError(f"{self.name} port {self.cfg.host}:{self.cfg.port} is still in use after "
+                                  f"{wait_s:.0f} s (another server, or one this run did not launch): "
+                                  "stop it or choose another port")
+            time.sleep(1.0)
 
     def log_tail(self, n: int = 40) -> str:
         path = self.log_path

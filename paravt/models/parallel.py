@@ -98,6 +98,32 @@ def all_reduce_max(x: float | int | torch.Tensor) -> float:
     return float(t.item())
 
 
+def announce(key: str, error: str | None = None) -> None:
+    """Rank 0 tells the others that a long step of its own (a rollout server's start) ended, and how."""
+    if dist.is_initialized() and dist.get_world_size() > 1 and dist.get_rank() == 0:
+        from torch.distributed import distributed_c10d as c10d  # noqa: PLC0415
+
+        c10d._get_default_store().set(f"paravt/{key}", error or "ok")
+
+
+def await_rank0(key: str, timeout_s: float) -> None:
+    """The other ranks wait for :func:`announce` through the group's store, for as long as rank 0 may
+    legitimately take (``timeout_s``, beyond the collectives' own timeout) instead of sitting in a
+    collective until NCCL's watchdog kills them. Rank 0's error ends them with the same one line."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1) or dist.get_rank() == 0:
+        return
+    from torch.distributed import distributed_c10d as c10d  # noqa: PLC0415
+
+    store = c10d._get_default_store()
+    try:
+        store.wait([f"paravt/{key}"], timedelta(seconds=timeout_s))
+    except Exception:  # noqa: BLE001 - the store's timeout
+        raise RunAborted(f"rank 0 did not finish {key} within {timeout_s:.0f} s") from None
+    msg = store.get(f"paravt/{key}").decode()
+    if msg != "ok":
+        raise RunAborted(f"rank 0 failed {key}: {msg}")
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return obj

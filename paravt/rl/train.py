@@ -436,9 +436,19 @@ class RLTrainer:
         if self.d.is_main:  # records of steps after the checkpoint are redone: drop them, never double them
             trim_jsonl(self.out / "trajectories.jsonl", lambda r: r.get("step", 0) < self.global_step)
         producer = None
+        r = cfg.rollout
+        start_s = max(r.server.startup_timeout_s, r.vllm.startup_timeout_s) * max(1, r.replicas) + 600
         try:
             if self.d.is_main:
-                self._start_engine(weights)
+                try:
+                    self._start_engine(weights)
+                except Exception as exc:  # the other ranks end with this line, not with a collective's timeout
+                    msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+                    parallel.announce("engine_start", msg)
+                    raise parallel.RunAborted(f"the rollout engine did not start: {msg}") from None
+                parallel.announce("engine_start")
+            else:  # rank 0 may take up to the servers' start-up timeout: wait for it here, not in a collective
+                parallel.await_rank0("engine_start", start_s)
             if cfg.rollout.urls:  # servers this run did not launch hold unknown weights: push this run's first
                 self._push_weights(self.global_step)
             producer = self._start_rollouts() if self.d.is_main else None

@@ -105,3 +105,40 @@ def test_stopping_a_wedged_server_escalates_to_sigkill(tmp_path):
     srv.stop_grace_s = 2.0
     srv.stop()  # returns (SIGTERM ignored, SIGKILL after the grace) instead of waiting on the server
     assert not _alive(server) and not _alive(child), "stop() left the server or its child running"
+
+
+def test_a_port_still_held_is_waited_for_then_named(tmp_path):
+    """A restarted run whose dead predecessor's server still holds the port: the launcher waits for
+    it (the reaper frees it), and names the port when it stays taken."""
+    import socket
+    import threading
+
+    import pytest
+
+    from paravt.engines.base import EngineError
+    from paravt.engines.sglang import SGLangServer, SGLangServerConfig
+
+    (tmp_path / "wedged.py").write_text(WEDGED)
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+
+    class Wedged(SGLangServer):
+        port_wait_s = 1.0
+
+        def command(self):
+            return [sys.executable, str(tmp_path / "wedged.py"), str(self.cfg.port), str(tmp_path / "c.pid")], {}
+
+    cfg = SGLangServerConfig(model_path="unused", port=port, gpus=[], startup_timeout_s=60, log_file=str(tmp_path / "s.log"))
+    with pytest.raises(EngineError, match=f"port 127.0.0.1:{port} is still in use"):
+        Wedged(cfg).start()
+    threading.Timer(1.0, held.close).start()  # freed while the launcher waits: it then starts
+    srv = Wedged(cfg)
+    srv.port_wait_s = 20.0
+    srv.start()
+    try:
+        assert srv.proc.poll() is None
+    finally:
+        srv.stop_grace_s = 2.0
+        srv.stop()

@@ -135,3 +135,18 @@ def test_rl_step_through_the_http_rollout_server(world, tiny_dir, tmp_path):
     trajs = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
     assert trajs and all(t.get("error") is None for t in trajs)
     assert not list((out / "weights").glob("v*"))[1:]  # exports pruned to what staleness needs (1)
+
+
+def test_a_rollout_server_that_does_not_start_ends_every_rank_with_one_line(world, tiny_dir, tmp_path):
+    """Rank 0 launches the server; the other ranks wait for it through the group's store (as long as a
+    server may take to start), not in a collective, and end with rank 0's error."""
+    out = tmp_path / "rl_nostart"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
+           "-m", "paravt.rl.train", "configs/rl/tiny_vllm.yaml",
+           *_over(world, tiny_dir, out, max_steps=2, **{"rollout.vllm.python": str(tmp_path / "no-such-python"),
+                                                      "rollout.vllm.port": 0, "rollout.vllm.startup_timeout_s": 30})]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode != 0
+    assert "the rollout engine did not start" in r.stderr and "no-such-python" in r.stderr, r.stderr[-3000:]
+    workers = r.stderr.split("torch/distributed/elastic")[0]  # torchrun's own failure report follows
+    assert "Traceback" not in workers, workers[-3000:]
