@@ -2,7 +2,8 @@
 # PARA-GRPO RL.  bash scripts/run_rl.sh [RECIPE.yaml] [key=value ...]
 #   GPU node (8 GPUs): bash scripts/run_rl.sh configs/rl/paragrpo_8b.yaml
 #       the recipe's rollout.server.gpus (default [7]) run SGLang; the other GPUs train (FSDP2).
-#       rollout.engine=vllm rollout.vllm.gpus=[6,7] rollout.replicas=2: two vLLM rollout servers instead.
+#       rollout.engine=vllm rollout.vllm.gpus=[6,7] rollout.replicas=2 grpo.prompts_per_step=6: two vLLM rollout
+#       servers instead (6 trainer GPUs: the prompts of a step must divide among them).
 #   multi-node: on every node NNODES=2 NODE_RANK=<0|1> MASTER_ADDR=host0 MASTER_PORT=29500 bash scripts/run_rl.sh
 #       RECIPE rollout.urls=[http://rollhost:30000] rollout.replicas=0 ...: trainer ranks on all nodes, rank 0
 #       drives the rollout servers (launched on its node, or running elsewhere and reached by URL). Weights
@@ -43,26 +44,20 @@ PY
 )" || exit $?
 read -r NGPU ROLLOUT_GPUS PROMPTS <<<"$PRE"
 # The trainer world must divide the step's prompts (each rank trains on its share): say so before torchrun.
-check_world() {  # check_world <ranks per node>
-  local world=$(( $1 * ${NNODES:-1} ))
-  if (( PROMPTS % world )); then
-    local up=$(( (PROMPTS + world - 1) / world * world ))
-    echo "run_rl.sh: grpo.prompts_per_step=$PROMPTS must be a multiple of the trainer world size $world ($1 rank(s) per node x ${NNODES:-1} node(s)): set grpo.prompts_per_step=$up, or NPROC to a divisor of $PROMPTS per node" >&2
+check_world() {  # check_world <trainer ranks of the run> <ranks on this node>
+  if (( PROMPTS % $1 )); then
+    local up=$(( (PROMPTS + $1 - 1) / $1 * $1 ))
+    echo "run_rl.sh: grpo.prompts_per_step=$PROMPTS must be a multiple of the trainer world size $1 ($2 rank(s) on this node, ${NNODES:-1} node(s)): set grpo.prompts_per_step=$up, or NPROC to a divisor of $PROMPTS per node" >&2
     exit 2
   fi
 }
 # GPU numbers in recipes are this job's logical indices; a scheduler's CUDA_VISIBLE_DEVICES maps them to
-# physical ones (the servers' launcher maps them through PARAVT_VISIBLE_DEVICES too).
+# physical ones (the servers' launcher maps them through PARAVT_VISIBLE_DEVICES too). The rollout GPUs
+# are taken from the trainers on node 0 only, where rank 0 launches the servers (paravt.rl.launch).
 export PARAVT_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-}"
 if [[ "$NGPU" -gt 0 ]]; then
-  # trainer ranks get every GPU that is not a rollout GPU
-  TRAIN_GPUS=$(python -c "
-import os
-vis = [x for x in os.environ.get('PARAVT_VISIBLE_DEVICES', '').split(',') if x] or [str(i) for i in range($NGPU)]
-r = set('$ROLLOUT_GPUS'.split(',')) if '$ROLLOUT_GPUS' != '-' else set()
-print(','.join(vis[i] for i in range($NGPU) if str(i) not in r))")
-  NPROC="${NPROC:-$(awk -F, '{print NF}' <<<"$TRAIN_GPUS")}"
-  check_world "$NPROC"
+  read -r TRAIN_GPUS NPROC WORLD <<<"$(python -m paravt.rl.launch "$NGPU" "$ROLLOUT_GPUS")"
+  check_world "$WORLD" "$NPROC"
   # the SGLang server is launched by rank 0 with its own CUDA_VISIBLE_DEVICES (rollout.server.gpus)
   if [[ "${NNODES:-1}" == 1 ]]; then
     exec env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun --standalone --max-restarts="$MAX_RESTARTS" \
@@ -73,7 +68,7 @@ print(','.join(vis[i] for i in range($NGPU) if str(i) not in r))")
     --max-restarts="$MAX_RESTARTS" -m paravt.rl.train "$RECIPE" "$@"
 fi
 NPROC="${NPROC:-1}"
-check_world "$NPROC"
+check_world $(( NPROC * ${NNODES:-1} )) "$NPROC"
 if [[ "${NNODES:-1}" == 1 ]]; then
   exec torchrun --standalone --max-restarts="$MAX_RESTARTS" --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
 fi

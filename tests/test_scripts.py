@@ -118,3 +118,20 @@ def test_gpu_tests_fail_rather_than_skip_without_cuda():
         pytest.skip("this machine has CUDA")
     r = subprocess.run(["bash", "scripts/test.sh", "--gpu"], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "test.sh --gpu:" in r.stderr and "setup_env.sh rl" in r.stderr, r.stderr[-1000:]
+
+
+def test_the_gpu_split_of_run_rl():
+    """Node 0 gives the rollout GPU to the servers, the other nodes train on all of theirs; the
+    scheduler's CUDA_VISIBLE_DEVICES maps logical to physical ids; the world the prompts must divide."""
+    from paravt.rl.launch import trainer_gpus, world_size
+
+    assert trainer_gpus(8, [7], [], node_rank=0) == [str(i) for i in range(7)]
+    assert trainer_gpus(8, [7], [], node_rank=1) == [str(i) for i in range(8)]
+    assert trainer_gpus(4, [3], ["4", "5", "6", "7"], node_rank=0) == ["4", "5", "6"]
+    assert world_size(8, [7], nnodes=1, nproc=None) == 7
+    assert world_size(8, [7], nnodes=2, nproc=None) == 15
+    assert world_size(8, [6, 7], nnodes=1, nproc=None) == 6
+    assert world_size(8, [7], nnodes=2, nproc=4) == 8
+    r = subprocess.run([sys.executable, "-m", "paravt.rl.launch", "8", "7"], capture_output=True, text=True,
+                       env={**os.environ, "NNODES": "2", "NODE_RANK": "1", "PARAVT_VISIBLE_DEVICES": ""})
+    assert r.stdout.split() == ["0,1,2,3,4,5,6,7", "8", "15"]
