@@ -17,7 +17,8 @@ the server's ids and processed logprobs out).
 * the recipe configs/rl/tiny_vllm.yaml with its own settings for 10 steps;
 * kill -9 of the server mid-run: one line, exit 3, a resumable checkpoint; never a run that trains on
   nothing and exits 0;
-* two servers: both serve, both hold every pushed version.
+* two servers: both serve, both hold every pushed version;
+* a server given by URL (not launched by the run) gets the run's weights before the first rollout.
 """
 
 from __future__ import annotations
@@ -487,3 +488,23 @@ def test_two_servers_serve_and_hold_every_version(sft_world, sft_checkpoint, tmp
         assert m["rollout/requests_server0"] > 0 and m["rollout/requests_server1"] > 0
         # ... and after each push both said they hold the pushed version (the push checks /weight_info)
         assert m["rollout/version_min"] == m["rollout/version_max"] == m["step"] - 1
+
+
+def test_servers_given_by_url_get_this_runs_weights_first(sft_world, sft_checkpoint, tmp_path):
+    """A server this run did not launch (rollout.urls, replicas=0) starts from other weights (B); the
+    run broadcasts its own before the first rollout, so step 1 trains on its own policy's tokens."""
+    from paravt.models.tiny import build_tiny
+
+    other = tmp_path / "b"
+    build_tiny(other, seed=1)
+    srv = _start_server(other, tmp_path, "by_url")
+    try:
+        out = tmp_path / "rl_urls"
+        r = _run_rl(_rl_args(sft_world, sft_checkpoint, out, "max_steps=2", "save_every=2", "grpo.max_staleness=0",
+                             "rollout.replicas=0", f"rollout.urls=[{srv.cfg.url}]"))
+        assert r.returncode == 0, r.stderr[-3000:]
+        rec = _metrics(out)
+        assert [m["step"] for m in rec] == [1, 2]
+        assert all(m["rollout/logprob_gap_max"] < 1e-4 for m in rec), [m["rollout/logprob_gap_max"] for m in rec]
+    finally:
+        srv.stop()
