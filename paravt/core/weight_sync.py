@@ -134,6 +134,8 @@ def broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:
     peer is gone or the transfer stalls past ``timeout_s``."""
     import torch.distributed as dist  # noqa: PLC0415
 
+    if tensor.is_cuda:  # the calling thread may not be the one that chose this rank's GPU
+        torch.cuda.set_device(tensor.device)
     work = dist.broadcast(tensor, src=0, group=group, async_op=True)
     work.wait(timeout=timedelta(seconds=timeout_s))
 
