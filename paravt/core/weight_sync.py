@@ -47,7 +47,7 @@ class TensorMeta:
         n = 1
         for d in self.shape:
             n *= int(d)
-        return n * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        return n * getattr(torch, self.dtype).itemsize
 
     def to_json(self) -> list:
         return [self.name, self.dtype, list(self.shape)]

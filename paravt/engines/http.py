@@ -105,10 +105,14 @@ class HTTPSessionMixin:
 
         return await retry(once, self.max_retries + 1, http_transient_errors(), before_attempt)
 
-    async def health(self) -> bool:
+    async def health(self, timeout_s: float | None = None) -> bool:
+        """GET the health URL: 200 or not (``timeout_s``: this probe's own bound, else the session's)."""
+        import aiohttp  # noqa: PLC0415
+
         try:
             session = await self._http()
-            async with session.get(self.health_url) as r:
+            kw = {"timeout": aiohttp.ClientTimeout(total=timeout_s)} if timeout_s else {}
+            async with session.get(self.health_url, **kw) as r:
                 return r.status == 200
         except Exception:  # noqa: BLE001 - unhealthy is an answer, not an error
             return False
@@ -147,19 +151,12 @@ class LaunchedServerMixin:
                               f"{self.server.log_tail()}")
 
     async def _probe(self) -> bool:
-        """GET /health with a short timeout; concurrent waiters share one probe per interval."""
-        import aiohttp  # noqa: PLC0415
-
+        """:meth:`health` with a short timeout; concurrent waiters share one probe per interval."""
         t, ok = self._last_probe
         if time.monotonic() - t < self.health_interval_s / 2:
             return ok
         self._last_probe = (time.monotonic(), ok)  # claimed: others reuse the last answer meanwhile
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.health_timeout_s)) as s:
-                async with s.get(self.health_url) as r:
-                    ok = r.status == 200
-        except Exception:  # noqa: BLE001 - no answer is the answer
-            ok = False
+        ok = await self.health(self.health_timeout_s)
         self._last_probe = (time.monotonic(), ok)
         return ok
 

@@ -413,11 +413,10 @@ class RLTrainer:
         """A run whose last steps lost work (fewer than ``rollout.max_bad_steps`` of them, so the
         abort never fired: a short run, a failure near the end) ends with exit 3, never as a success;
         its checkpoint holds the weights trained so far. Collective."""
-        bad = parallel.broadcast_object(self.bad_steps if self.d.is_main else None)
+        bad, err = parallel.broadcast_object((self.bad_steps, self.first_bad_error) if self.d.is_main else None)
         if not bad or self.global_step < self.cfg.max_steps:
             return
         done = parallel.latest_complete(self.ckpt_root)
-        err = parallel.broadcast_object(self.first_bad_error if self.d.is_main else None)
         raise parallel.RunAborted(
             f"the run ended with its last {bad} step(s) losing work (each skipped more than "
             f"rollout.max_skipped_fraction={self.cfg.rollout.max_skipped_fraction:g} of its prompts or kept no "
