@@ -39,3 +39,36 @@ script_help() {  # script_help <script path> [python module] [args...]
     fi
   done
 }
+
+# torchrun_supervised <torchrun arguments...>: torchrun as this script's child, and this script's exit
+# code the run's own. torchrun restarts (--max-restarts) a group whose worker failed: right for a
+# crash (resume=auto continues from the newest checkpoint), wrong for a run that stopped itself (bad
+# input: 2; lost work: 3), which a restart would resume and report as done. A rank that stops on
+# purpose writes its code and line to $PARAVT_ABORT_FILE (paravt.models.parallel.report_abort);
+# restarted workers see the file and end at once; then this prints the line and exits with the code.
+# torchrun dies with this script (PR_SET_PDEATHSIG, kill -9 included) and TERM/INT are passed on to
+# it, so the launcher also works as a container's PID 1.
+torchrun_supervised() {
+  local abort pid rc code line
+  abort="$(mktemp -u "${TMPDIR:-/tmp}/paravt-abort.XXXXXXXX")"
+  export PARAVT_ABORT_FILE="$abort"
+  python -c 'import os, signal, sys
+from paravt.core.procs import die_with_parent
+die_with_parent(signal.SIGTERM)
+os.execvp(sys.argv[1], sys.argv[1:])' torchrun "$@" &
+  pid=$!
+  trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
+  while :; do
+    rc=0; wait "$pid" || rc=$?
+    kill -0 "$pid" 2>/dev/null || break  # a trapped signal interrupted the wait: wait again
+  done
+  trap - TERM INT
+  if [[ -s "$abort" ]]; then
+    IFS=$'\t' read -r code line <"$abort" || true
+    rm -f "$abort"
+    echo "$line" >&2
+    exit "${code:-1}"
+  fi
+  rm -f "$abort"
+  exit "$rc"
+}

@@ -13,7 +13,8 @@
 #   CPU: bash scripts/run_rl.sh configs/rl/tiny.yaml            (NPROC=2 for two gloo trainer processes)
 #        bash scripts/run_rl.sh configs/rl/tiny_vllm.yaml       (a real vLLM rollout server, .venv-vllm)
 # torchrun restarts crashed workers (MAX_RESTARTS, default 3); resume=auto continues from the
-# newest complete checkpoint, so only the step in flight is lost. Bad input (config, files, rows) is
+# newest complete checkpoint, so only the step in flight is lost. A run that stops itself is never
+# restarted: lost work (every rollout of max_bad_steps steps failed, a failed weight push) exits 3. Bad input (config, files, rows) is
 # caught by a preflight before torchrun: one line, exit 2, never retried. Workers die with torchrun
 # (kill -9 of the launcher included) and a second run on the same output_dir refuses.  Settings: python -m paravt.rl.train --help
 set -euo pipefail
@@ -60,18 +61,18 @@ if [[ "$NGPU" -gt 0 ]]; then
   check_world "$WORLD" "$NPROC"
   # the SGLang server is launched by rank 0 with its own CUDA_VISIBLE_DEVICES (rollout.server.gpus)
   if [[ "${NNODES:-1}" == 1 ]]; then
-    exec env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun --standalone --max-restarts="$MAX_RESTARTS" \
+    CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun_supervised --standalone --max-restarts="$MAX_RESTARTS" \
       --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
   fi
-  exec env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" \
+  CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun_supervised --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" \
     --nproc_per_node="$NPROC" --master_addr="${MASTER_ADDR:?set MASTER_ADDR}" --master_port="${MASTER_PORT:-29500}" \
     --max-restarts="$MAX_RESTARTS" -m paravt.rl.train "$RECIPE" "$@"
 fi
 NPROC="${NPROC:-1}"
 check_world $(( NPROC * ${NNODES:-1} )) "$NPROC"
 if [[ "${NNODES:-1}" == 1 ]]; then
-  exec torchrun --standalone --max-restarts="$MAX_RESTARTS" --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
+  torchrun_supervised --standalone --max-restarts="$MAX_RESTARTS" --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
 fi
-exec torchrun --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" --nproc_per_node="$NPROC" \
+torchrun_supervised --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" --nproc_per_node="$NPROC" \
   --master_addr="${MASTER_ADDR:?set MASTER_ADDR}" --master_port="${MASTER_PORT:-29500}" \
   --max-restarts="$MAX_RESTARTS" -m paravt.rl.train "$RECIPE" "$@"

@@ -30,8 +30,8 @@ if [[ "$NPROC" == 1 && "${NNODES:-1}" == 1 ]]; then
   exec python -m paravt.sft.train "$RECIPE" "$@"
 fi
 if [[ "${NNODES:-1}" == 1 ]]; then
-  exec torchrun --standalone --nproc_per_node="$NPROC" -m paravt.sft.train "$RECIPE" "$@"
+  torchrun_supervised --standalone --nproc_per_node="$NPROC" -m paravt.sft.train "$RECIPE" "$@"
 fi
-exec torchrun --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" --nproc_per_node="$NPROC" \
+torchrun_supervised --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" --nproc_per_node="$NPROC" \
   --master_addr="${MASTER_ADDR:?set MASTER_ADDR}" --master_port="${MASTER_PORT:-29500}" \
   -m paravt.sft.train "$RECIPE" "$@"

@@ -15,7 +15,7 @@ Group layout, for ``S`` servers with ``w_s`` workers each (``w_s`` = tensor-para
     …                            world size 1 + Σ w_s
 
 Every worker of every server receives every bucket of every version. The rendezvous is a TCP store
-served by rank 0 at ``master_address:master_port`` and the group is built exactly as SGLang's
+served by rank 0 at ``master_address:master_port`` (the other ranks are its clients) and the group is built exactly as SGLang's
 ``/init_weights_update_group`` builds its side (a ``PrefixStore(group_name, …)`` over the
 rendezvous store, then torch's own group constructor), so the same :func:`init_weight_group` serves
 the trainer, our vLLM worker extension and an SGLang server.
@@ -108,25 +108,45 @@ def unflatten(flat: torch.Tensor, metas: Sequence[TensorMeta]) -> Iterator[tuple
 
 
 def init_weight_group(master_address: str, master_port: int, rank: int, world_size: int,
-                      group_name: str = GROUP_NAME, backend: str = "gloo", timeout_s: float = 300.0):
-    """Join the weight-update group (blocks until all ``world_size`` ranks joined or the timeout).
-    Rank 0 serves the rendezvous store. Returns the process group; its collectives time out after
-    ``timeout_s``. Works in a process that already has a default group (the trainer, a server's
+                      group_name: str = GROUP_NAME, backend: str = "gloo", timeout_s: float = 300.0,
+                      join_timeout_s: float | None = None):
+    """Join the weight-update group (blocks until all ``world_size`` ranks joined). Returns the
+    process group; its collectives time out after ``timeout_s``.
+
+    Rank 0 serves the group's own TCP store at ``master_address:master_port``; every other rank is a
+    client of it. The store is built here, not by torch's ``tcp://`` rendezvous: under torchrun
+    (``TORCHELASTIC_USE_AGENT_STORE=True`` in every worker) that rendezvous makes rank 0 a client too,
+    and nobody serves the store. The join (store connection and every rank's arrival) is bounded by
+    ``join_timeout_s`` (default ``timeout_s``) and fails with a :class:`TimeoutError` naming the
+    address. Works in a process that already has a default group (the trainer, a server's
     tensor-parallel workers): this group is separate from it."""
+    import torch.distributed as dist  # noqa: PLC0415
     from torch.distributed import distributed_c10d as c10d  # noqa: PLC0415
 
-    timeout = timedelta(seconds=timeout_s)
-    store, rank, world_size = next(c10d.rendezvous(f"tcp://{master_address}:{int(master_port)}", rank, world_size,
-                                                   timeout=timeout))
-    store.set_timeout(timeout)
-    store = c10d.PrefixStore(group_name, store)
-    # The same constructor SGLang's init_custom_process_group calls (its group keys live in the store),
-    # so a group built here and one built by an SGLang server meet. The keyword was pg_options before
-    # torch 2.6.
-    pg, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), store,
-                                           group_name=group_name, timeout=timeout)
+    where = f"{master_address}:{int(master_port)}"
+    join = timedelta(seconds=join_timeout_s if join_timeout_s is not None else timeout_s)
+    try:
+        # Every rank counts itself in (SGLang's rendezvous clients do the same) and rank 0 waits for
+        # all of them: the join's one bounded wait.
+        store = dist.TCPStore(master_address, int(master_port), world_size, is_master=(rank == 0), timeout=join,
+                              wait_for_workers=True)
+        store = c10d.PrefixStore(group_name, store)
+        # The same constructor SGLang's init_custom_process_group calls (its group keys live in the
+        # store), so a group built here and one built by an SGLang server meet.
+        pg, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), store,
+                                               group_name=group_name, timeout=join)
+    except (RuntimeError, TimeoutError) as exc:  # torch's DistStoreError/DistNetworkError are RuntimeErrors
+        raise TimeoutError(f"weight group {group_name!r} at {where}: rank {rank} of {world_size} could not join "
+                           f"within {join.total_seconds():g} s ({' '.join(str(exc).split())[:200]})") from None
     c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    _set_pg_timeout(pg, timedelta(seconds=timeout_s))
     return pg
+
+
+def _set_pg_timeout(pg, timeout: timedelta) -> None:
+    """Collectives after the join get ``timeout`` (the join may have had a shorter one)."""
+    if hasattr(pg, "set_timeout"):  # torch >= 2.6
+        pg.set_timeout(timeout)
 
 
 def broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:

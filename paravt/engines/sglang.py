@@ -405,7 +405,8 @@ class SGLangEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
         return int(info.get("tp_size") or 1)
 
     async def init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                group_name: str, backend: str, timeout_s: float) -> None:  # noqa: ARG002
+                                group_name: str, backend: str, timeout_s: float,  # noqa: ARG002
+                                join_timeout_s: float | None = None) -> None:  # noqa: ARG002 - SGLang's own
         await self._checked("/init_weights_update_group",
                             init_group_payload(master_address, master_port, rank_offset, world_size, group_name, backend))
 

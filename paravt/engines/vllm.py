@@ -361,11 +361,13 @@ class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
         return len(await self._rpc("paravt_weight_workers", {}, self.control_timeout_s))
 
     async def init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                group_name: str, backend: str, timeout_s: float) -> None:
+                                group_name: str, backend: str, timeout_s: float,
+                                join_timeout_s: float | None = None) -> None:
+        join = timeout_s if join_timeout_s is None else join_timeout_s
         await self._rpc("paravt_init_weight_group", {
             "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend, "timeout_s": timeout_s},
-            timeout_s + self.control_timeout_s)
+            "world_size": world_size, "group_name": group_name, "backend": backend, "timeout_s": timeout_s,
+            "join_timeout_s": join}, join + self.control_timeout_s)
 
     async def begin_broadcast(self, plan: list[list[Any]], version: int, group_name: str) -> None:  # noqa: ARG002
         """Pause, then have every worker wait for the buckets of ``plan`` (lists of ``TensorMeta``)."""

@@ -55,7 +55,8 @@ class WeightReload:
         return int(getattr(self, "rank", 0))
 
     def paravt_init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                 group_name: str, backend: str, timeout_s: float) -> int:
+                                 group_name: str, backend: str, timeout_s: float,
+                                 join_timeout_s: float | None = None) -> int:
         """Join the trainer's weight-update group as rank ``rank_offset + this worker's rank``
         (:mod:`paravt.core.weight_sync` documents the layout). Returns that rank."""
         from paravt.core.weight_sync import init_weight_group  # noqa: PLC0415
@@ -68,7 +69,8 @@ class WeightReload:
             self._paravt_group = None
         rank = int(rank_offset) + int(getattr(self, "rank", 0))
         self._paravt_group = init_weight_group(master_address, int(master_port), rank, int(world_size), group_name,
-                                               backend, float(timeout_s))
+                                               backend, float(timeout_s),
+                                               None if join_timeout_s is None else float(join_timeout_s))
         self._paravt_timeout_s = float(timeout_s)
         return rank
 

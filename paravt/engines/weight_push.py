@@ -46,8 +46,12 @@ class BroadcastPush:
 
     _count = 0
 
-    def __init__(self, backend: str, master_address: str | None, timeout_s: float, group_name: str | None = None):
+    def __init__(self, backend: str, master_address: str | None, timeout_s: float, group_name: str | None = None,
+                 join_timeout_s: float | None = None):
+        """``timeout_s`` bounds each transfer; ``join_timeout_s`` (default ``timeout_s``) the group's
+        formation: a server that never joins fails the first push within it, naming the address."""
         self.backend, self.master_address, self.timeout_s = backend, master_address, timeout_s
+        self.join_timeout_s = join_timeout_s if join_timeout_s is not None else timeout_s
         # A group name is registered once per process (torch refuses a second group of that name, also in
         # a server that joined an earlier run's group): one name per trainer process and group.
         BroadcastPush._count += 1
@@ -66,9 +70,10 @@ class BroadcastPush:
         log.info("weight group %s: %d ranks (trainer + %s workers) at %s:%d over %s", self.group_name, world,
                  "+".join(map(str, workers)), addr, port, self.backend)
         joins = [asyncio.ensure_future(c.init_weight_group(addr, port, off, world, self.group_name, self.backend,
-                                                           self.timeout_s)) for c, off in zip(clients, offsets)]
+                                                           self.timeout_s, self.join_timeout_s))
+                 for c, off in zip(clients, offsets)]
         mine = _in_thread(lambda: init_weight_group(addr, port, 0, world, self.group_name, self.backend,
-                                                    self.timeout_s))
+                                                    self.timeout_s, self.join_timeout_s))
         try:
             self.group = await _first_error(mine, joins, f"joining the weight group at {addr}:{port}")
             await asyncio.gather(*joins)

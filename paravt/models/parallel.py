@@ -371,6 +371,32 @@ class RunAborted(RuntimeError):
     exit_code = 3
 
 
+ABORT_FILE_ENV = "PARAVT_ABORT_FILE"
+
+
+def report_abort(code: int, line: str) -> None:
+    """Record a deliberate stop (bad input, lost work) for the launcher: ``code<TAB>line`` in the file
+    ``$PARAVT_ABORT_FILE`` names (set by ``scripts/_common.sh:torchrun_supervised``); the first rank
+    to stop wins. torchrun restarts a group whose worker failed; the restarted workers see the file
+    and end at once (:func:`stopped_on_purpose`), and the launcher exits with ``code`` and ``line``
+    instead of resuming a run that stopped itself."""
+    path = os.environ.get(ABORT_FILE_ENV)
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{int(code)}\t{' '.join(line.split())}\n")
+
+
+def stopped_on_purpose() -> bool:
+    """True in a worker torchrun restarted after the run stopped itself (:func:`report_abort`)."""
+    path = os.environ.get(ABORT_FILE_ENV)
+    return bool(path) and os.path.exists(path)
+
+
 def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: str) -> int:
     """The CLI of a training stage: parse the typed config, train, report, tear the group down."""
     from paravt.core.config import parse_cli  # noqa: PLC0415
@@ -379,6 +405,8 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
     from paravt.data.schema import DataError  # noqa: PLC0415
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if stopped_on_purpose():  # a restart of a run that stopped itself: nothing to do, the launcher reports it
+        return 0
     cfg = parse_cli(schema, argv, prog)
     lock = None
     try:
@@ -391,6 +419,7 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
         # The user's input, not a crash: one line, exit 2. (The launch scripts run this same check in
         # a preflight before torchrun, so torchrun never restarts workers for a deterministic error.)
         print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr)
+        report_abort(2, f"{prog}: {exc}")
         if dist.is_initialized():
             dist.destroy_process_group()
         raise SystemExit(2) from None
@@ -401,6 +430,7 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
         # nothing (paravt.rl.train): one line, a non-zero exit; the newest checkpoint resumes it.
         if trainer.d.is_main or isinstance(exc, DataError):
             print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        report_abort(exc.exit_code if isinstance(exc, RunAborted) else 2, f"{prog}: {exc}")
         if dist.is_initialized():
             dist.destroy_process_group()
         if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", 1)) > 1:

@@ -371,7 +371,8 @@ class RLTrainer:
             from paravt.engines.weight_push import BroadcastPush  # noqa: PLC0415
 
             self.handle.broadcaster = BroadcastPush(self.cfg.sync_backend(self.d.device.type == "cuda"),
-                                                    r.sync_address, r.sync_timeout_s)
+                                                    r.sync_address, r.sync_timeout_s,
+                                                    join_timeout_s=r.control_timeout_s)
 
     def _start_rollouts(self) -> RolloutProducer:
         """Rank 0: the producer thread over the started engine."""

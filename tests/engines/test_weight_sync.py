@@ -93,3 +93,49 @@ def test_a_receiver_that_died_fails_the_broadcast_instead_of_hanging(tmp_path):
     p.wait(timeout=60)
     with pytest.raises(Exception):  # noqa: B017 - gloo's own error (connection closed or timeout), never a hang
         broadcast(g, torch.zeros(64 << 20, dtype=torch.uint8), 20)
+
+
+SENDER_UNDER_TORCHRUN = textwrap.dedent("""
+    import os, sys, torch
+    from paravt.core.weight_sync import broadcast, init_weight_group
+    port = int(sys.argv[1])
+    g = init_weight_group("127.0.0.1", port, 0, 2, "paravt_test", "gloo", 30, join_timeout_s=60)
+    broadcast(g, torch.arange(5).to(torch.bfloat16).view(torch.uint8).clone(), 30)
+    print("sent under", os.environ.get("TORCHELASTIC_USE_AGENT_STORE"))
+""")
+
+
+@pytest.mark.launcher
+def test_the_group_forms_when_rank_0_runs_under_torchrun(tmp_path):
+    """torchrun sets TORCHELASTIC_USE_AGENT_STORE=True in its workers; torch's tcp:// rendezvous then
+    makes rank 0 a store client too and nobody serves the store. Rank 0 here is a torchrun worker, the
+    receiver a plain process (as a rollout server's worker is)."""
+    from paravt.models.parallel import free_port
+
+    port = free_port()
+    (tmp_path / "send.py").write_text(SENDER_UNDER_TORCHRUN)
+    (tmp_path / "recv.py").write_text(RECEIVER.replace('TensorMeta("x", "bfloat16", (64, 32)), ', ""))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    recv = subprocess.Popen([sys.executable, str(tmp_path / "recv.py"), str(port), "1", "2", str(tmp_path / "r.pt")],
+                            env=env)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                        str(tmp_path / "send.py"), str(port)], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "sent under True" in r.stdout
+    assert recv.wait(timeout=60) == 0
+    assert torch.equal(torch.load(tmp_path / "r.pt")["y"], torch.arange(5).to(torch.bfloat16))
+
+
+def test_a_join_nobody_answers_fails_within_its_timeout_naming_the_address(monkeypatch):
+    """Rank 0 waits for a server that never joins: one TimeoutError naming the address, after the
+    join timeout (not the transfers' timeout), also as a torchrun worker would see it."""
+    from paravt.core.weight_sync import init_weight_group
+    from paravt.models.parallel import free_port
+
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    port = free_port()
+    with pytest.raises(TimeoutError, match=f"127.0.0.1:{port}.*within 2 s"):
+        init_weight_group("127.0.0.1", port, 0, 2, "paravt_test_nobody", "gloo", 600, join_timeout_s=2)
+    nobody = free_port()  # a client whose store nobody serves
+    with pytest.raises(TimeoutError, match=f"127.0.0.1:{nobody}: rank 1 of 2 could not join within 2 s"):
+        init_weight_group("127.0.0.1", nobody, 1, 2, "paravt_test_none", "gloo", 600, join_timeout_s=2)
