@@ -33,11 +33,12 @@ def _one_line(stderr: str) -> str:
 
 
 # --------------------------------------------------------------------------- a container's PID 1
+@pytest.mark.launcher
 @pytest.mark.skipif(not _unshare_works(), reason="needs Linux PID namespaces (unshare --pid --fork --mount-proc)")
 @pytest.mark.parametrize("stage", ["sft", "rl"])
 def test_launcher_as_pid_1_trains_with_two_ranks(stage, world, tiny_dir, tmp_path):
-    """`docker run ... bash scripts/run_*.sh`: the launcher (then torchrun, by exec) is PID 1 of its PID
-    namespace. The workers must not take PID 1 for a dead parent."""
+    """`docker run ... bash scripts/run_*.sh`: the launcher is PID 1 of its PID namespace, torchrun its
+    child. The workers must not take PID 1 for a dead parent."""
     out = tmp_path / stage
     if stage == "sft":
         args = ["bash", "scripts/run_sft.sh", "configs/sft/tiny.yaml", f"model_path={tiny_dir}", f"output_dir={out}",
@@ -68,16 +69,32 @@ def _rl_rows_with_broken_videos(world: Path, tmp_path: Path) -> Path:
     return tmp_path / "rl.parquet"
 
 
+def _launch(script: str, nproc: int, *args: str) -> subprocess.CompletedProcess:
+    """A stage as users start it: its launcher, torchrun with ``nproc`` ranks, the default restart policy."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAX_RESTARTS", "NPROC")}
+    return subprocess.run(["bash", f"scripts/{script}", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env={**env, "NPROC": str(nproc)})
+
+
+def _last_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    assert lines, stderr
+    return lines[-1]
+
+
+@pytest.mark.launcher
 def test_rl_whose_every_rollout_fails_stops_with_one_line_and_exit_3(world, tiny_dir, tmp_path):
+    """run_rl.sh, two trainer ranks: the run stops itself after rollout.max_bad_steps steps that lost
+    every rollout; torchrun's restarts must not resume it into a success."""
     data = _rl_rows_with_broken_videos(world, tmp_path)
     out = tmp_path / "rl"
-    r = subprocess.run([sys.executable, "-m", "paravt.rl.train", str(ROOT / "configs/rl/tiny.yaml"),
-                        f"model_path={tiny_dir}", f"output_dir={out}", f"train_data=[{data}]",
-                        "hierarchical_agent.max_new_tokens=16", "grpo.prompts_per_step=2", "grpo.n_samples=2",
-                        "logging.wandb_project=null", "logging.progress=false", "max_steps=10", "save_every=10",
-                        "rollout.max_bad_steps=2"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    r = _launch("run_rl.sh", 2, "configs/rl/tiny.yaml",
+                f"model_path={tiny_dir}", f"output_dir={out}", f"train_data=[{data}]",
+                "hierarchical_agent.max_new_tokens=16", "grpo.prompts_per_step=2", "grpo.n_samples=2",
+                "logging.wandb_project=null", "logging.progress=false", "max_steps=10", "save_every=10",
+                "rollout.max_bad_steps=2")
     assert r.returncode == 3, r.stderr[-3000:]
-    line = _one_line(r.stderr)
+    line = _last_line(r.stderr)
     assert "rollouts lost work on 2 steps in a row" in line and "first error:" in line and ".mp4" in line, line
     assert "RL done" not in r.stdout and not (out / "final").exists()
     rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -91,18 +108,19 @@ def test_rl_whose_every_rollout_fails_stops_with_one_line_and_exit_3(world, tiny
     assert all((a[k] == b[k]).all() for k in b)  # no optimizer step was taken on an empty batch
 
 
+@pytest.mark.launcher
 def test_a_short_rl_run_that_lost_every_prompt_does_not_end_as_a_success(world, tiny_dir, tmp_path):
-    """2 steps, every video unreadable, rollout.max_bad_steps at its default (3): the abort never
-    fires, yet the run must not write final/ and exit 0 with "RL done"."""
+    """run_rl.sh, one rank, 2 steps, every video unreadable, rollout.max_bad_steps at its default (3):
+    the abort never fires, yet the run must not write final/ and exit 0 with "RL done" (neither by
+    itself nor by torchrun restarting it from its step-2 checkpoint)."""
     data = _rl_rows_with_broken_videos(world, tmp_path)
     out = tmp_path / "rl_short"
-    r = subprocess.run([sys.executable, "-m", "paravt.rl.train", str(ROOT / "configs/rl/tiny.yaml"),
-                        f"model_path={tiny_dir}", f"output_dir={out}", f"train_data=[{data}]",
-                        "hierarchical_agent.max_new_tokens=16", "grpo.prompts_per_step=2", "grpo.n_samples=2",
-                        "logging.wandb_project=null", "logging.progress=false", "max_steps=2", "save_every=2"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    r = _launch("run_rl.sh", 1, "configs/rl/tiny.yaml",
+                f"model_path={tiny_dir}", f"output_dir={out}", f"train_data=[{data}]",
+                "hierarchical_agent.max_new_tokens=16", "grpo.prompts_per_step=2", "grpo.n_samples=2",
+                "logging.wandb_project=null", "logging.progress=false", "max_steps=2", "save_every=2")
     assert r.returncode == 3, r.stderr[-3000:]
-    line = _one_line(r.stderr)
+    line = _last_line(r.stderr)
     assert "ended with its last 2 step(s) losing work" in line and ".mp4" in line and "checkpoint" in line, line
     assert "RL done" not in r.stdout and not (out / "final").exists()
     assert (out / "checkpoints/step_000002/COMPLETE").exists()
@@ -224,7 +242,9 @@ def test_sft_bad_paths_are_one_line_before_torchrun(case, fragment, world, tiny_
     assert r.returncode == 2 and fragment in _one_line(r.stderr) and "torchrun" not in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.launcher
 def test_sft_whose_every_video_is_truncated_is_one_line(world, tiny_dir, tmp_path):
+    """run_sft.sh, two ranks: no usable row is exit 2 with the reason as the launcher's last line."""
     rows = pq.read_table(world / "local/paravt_sft_synth.parquet").to_pylist()
     media = tmp_path / "media"
     media.mkdir()
@@ -238,11 +258,10 @@ def test_sft_whose_every_video_is_truncated_is_one_line(world, tiny_dir, tmp_pat
         r["videos"] = vids
     rows = [r for r in rows if r["videos"]]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "sft.parquet")
-    r = subprocess.run([sys.executable, "-m", "paravt.sft.train", "configs/sft/tiny.yaml", f"model_path={tiny_dir}",
-                        f"output_dir={tmp_path / 'o'}", f"data.0.path={tmp_path / 'sft.parquet'}", "max_steps=1",
-                        "logging.wandb_project=null", "logging.progress=false", "dist.strategy=none"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    line = _one_line(r.stderr)
+    r = _launch("run_sft.sh", 2, "configs/sft/tiny.yaml", f"model_path={tiny_dir}",
+                f"output_dir={tmp_path / 'o'}", f"data.0.path={tmp_path / 'sft.parquet'}", "max_steps=1",
+                "logging.wandb_project=null", "logging.progress=false")
+    line = _last_line(r.stderr)
     assert r.returncode == 2 and "no usable SFT rows" in line and "first:" in line and ".mp4" in line, r.stderr[-2000:]
 
 
