@@ -44,6 +44,7 @@ def _newest_complete_step(out: Path) -> int:
     return max(int(c.name.split("_")[1]) for c in (out / "checkpoints").glob("step_*") if (c / "COMPLETE").exists())
 
 
+@pytest.mark.launcher
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux")
 def test_killing_the_launcher_group_leaves_no_workers_and_the_lock_refuses_a_second_run(world, tiny_dir, tmp_path):
     out = tmp_path / "sft_kill"
@@ -112,6 +113,7 @@ def test_a_corrupt_video_skips_its_prompt_not_the_run(world, tiny_dir, tmp_path)
     assert (out / "checkpoints/step_000003/COMPLETE").exists()
 
 
+@pytest.mark.launcher
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux")
 def test_killing_run_rl_during_saves_leaves_no_workers_and_resumes(world, tiny_dir, tmp_path):
     """run_rl.sh with two gloo trainer ranks, a checkpoint every step (so the kill lands in or near a
@@ -144,3 +146,35 @@ def test_killing_run_rl_during_saves_leaves_no_workers_and_resumes(world, tiny_d
     trajs = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
     assert sorted(Counter(t["step"] for t in trajs)) == list(range(done + 1))
     assert len(set(Counter(t["step"] for t in trajs).values())) == 1
+
+
+@pytest.mark.launcher
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_launcher_alone_killed_or_stopped_takes_torchrun_and_its_workers(sig, world, tiny_dir, tmp_path):
+    """Only the launcher's own pid gets the signal: kill -9 (torchrun, its child, follows by
+    PR_SET_PDEATHSIG) or SIGTERM (what `docker stop` sends a container's PID 1: passed on to torchrun).
+    No worker survives; after SIGTERM the launcher itself exits non-zero."""
+    out = tmp_path / f"rl_sig{int(sig)}"
+    args = ["bash", "scripts/run_rl.sh", "configs/rl/tiny.yaml", f"model_path={tiny_dir}", f"output_dir={out}",
+            f"train_data=[{world}/local/paravt_rl_synth.parquet]", "hierarchical_agent.max_new_tokens=16",
+            "hierarchical_agent.crop.subagent_max_tokens=8", "grpo.prompts_per_step=2", "grpo.n_samples=2",
+            "logging.wandb_project=null", "logging.progress=false", "save_every=100", "max_steps=100"]
+    p = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "NPROC": "2"}, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()):
+            assert p.poll() is None, "the run ended before its first step"
+            time.sleep(0.3)
+        assert len(_procs_mentioning(str(out))) >= 4  # bash -> torchrun -> 2 workers
+        os.kill(p.pid, sig)
+        rc = p.wait(timeout=120)
+        assert rc != 0
+        deadline = time.time() + 60
+        while time.time() < deadline and _procs_mentioning(str(out)):
+            time.sleep(0.5)
+        assert _procs_mentioning(str(out)) == [], "workers outlived their launcher"
+    finally:
+        for pid in _procs_mentioning(str(out)):
+            os.kill(pid, signal.SIGKILL)

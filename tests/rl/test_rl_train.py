@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,13 +73,15 @@ RELEASE = {"grpo.kl_mode": "reward_k1", "grpo.adv_norm_level": "token", "grpo.re
            "hierarchical_agent.max_parallel": "null"}
 
 
+@pytest.mark.launcher
 def test_two_gloo_processes(world, tiny_dir, tmp_path):
-    """Two FSDP2 ranks over gloo with the 8B recipe's release settings: the k1 KL reward and the
-    token-level advantage normalisation all-reduce across ranks; the row's own prompt."""
+    """run_rl.sh with two FSDP2 ranks over gloo and the 8B recipe's release settings: the k1 KL reward
+    and the token-level advantage normalisation all-reduce across ranks; the row's own prompt."""
     out = tmp_path / "rl2"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "paravt.rl.train",
-           "configs/rl/tiny.yaml", *_over(world, tiny_dir, out, max_steps=2, save_every=2, **RELEASE)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = ["bash", "scripts/run_rl.sh", "configs/rl/tiny.yaml", *_over(world, tiny_dir, out, max_steps=2, save_every=2,
+                                                                       **RELEASE)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[2],
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "NPROC": "2"})
     assert r.returncode == 0, r.stderr[-3000:]
     rec = _metrics(out)
     assert [x["step"] for x in rec] == [1, 2] and all(x["ppo/tokens"] > 0 for x in rec)
