@@ -336,6 +336,8 @@ def bucket_payload(metas: Sequence[Any], group_name: str, version: int | None) -
 # Requests in flight during a broadcast go back to the waiting queue and are recomputed on the new
 # weights after /continue_generation (the cache can be flushed in this mode, not in "in_place").
 PAUSE_PAYLOAD = {"mode": "retract"}
+# /begin_weight_update: the session covers the target model and a speculative draft model, if any.
+BEGIN_UPDATE_PAYLOAD = {"selector": "all"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -411,8 +413,19 @@ class SGLangEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
                             init_group_payload(master_address, master_port, rank_offset, world_size, group_name, backend))
 
     async def begin_broadcast(self, plan: list[list[Any]], version: int, group_name: str) -> None:  # noqa: ARG002
+        """Pause, then open SGLang's weight-update session (``/begin_weight_update``): the pinned SGLang
+        refuses ``/update_weights_from_distributed`` outside one. A session left open by a trainer
+        that died mid-push is closed first (SGLang answers "already open" otherwise)."""
         self._plan, self._version, self._group = plan, version, group_name
         await self._post("/pause_generation", PAUSE_PAYLOAD)
+        try:
+            await self._checked("/begin_weight_update", BEGIN_UPDATE_PAYLOAD)
+        except EngineError as exc:
+            if "already open" not in str(exc):
+                raise
+            log.warning("%s: closing a weight-update session an earlier push left open", self.url)
+            await self._checked("/end_weight_update", {})
+            await self._checked("/begin_weight_update", BEGIN_UPDATE_PAYLOAD)
 
     def bucket_request(self, index: int) -> asyncio.Future:
         last = index == len(self._plan) - 1
@@ -422,7 +435,9 @@ class SGLangEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
     receiving = None  # one request per bucket (bucket_request), nothing long-lived
 
     async def end_broadcast(self, version: int, ok: bool = True) -> None:
+        """Close the session (also after a failed transfer, so the next push can open one), resume."""
         try:
+            await self._checked("/end_weight_update", {})
             await self._post("/continue_generation", {})
         except Exception:  # noqa: BLE001 - a failed transfer ends the run; its error is the one to report
             if ok:
