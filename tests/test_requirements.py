@@ -20,7 +20,7 @@ def _check(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=1800)
 
 
-@pytest.mark.parametrize("files", [["requirements/rl.txt", "--then", "requirements/rl-post.txt"], ["requirements/sft.txt"],
+@pytest.mark.parametrize("files", [["requirements/rl.txt"], ["requirements/sft.txt"],
                                    ["requirements/eval.txt"], ["requirements/sglang.txt"], ["requirements/cpu.txt"]])
 def test_stage_files_have_no_conflicts(files):
     r = _check(*files)

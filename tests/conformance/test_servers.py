@@ -226,3 +226,19 @@ def test_launch_command_parses_with_sglang_server_args():
     # K on the video_url channel: SGLang's Qwen-VL processor reads mm_process_config["video"]["nframes"]
     a = parser.parse_args(launch_command(SGLangServerConfig(model_path="m", video_nframes=16))[0][3:])
     assert a.mm_process_config == {"video": {"nframes": 16}}
+
+
+def test_the_rl_trainers_torch_is_the_pinned_sglangs():
+    """Trainer rank 0 and the SGLang server's workers form one NCCL communicator for the weight push;
+    NCCL refuses ranks of different NCCL versions, so both environments need the same torch build.
+    Read from the installed sglang's own metadata and requirements/rl.txt."""
+    from importlib.metadata import requires
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    pins = [Requirement(r) for r in requires("sglang") or []]
+    sglang_torch = next(str(r.specifier) for r in pins if r.name == "torch" and not r.marker)
+    rl = Path(__file__).resolve().parents[2] / "requirements/rl.txt"
+    trainer_torch = next(ln.strip() for ln in rl.read_text().splitlines() if ln.startswith("torch=="))
+    assert sglang_torch == trainer_torch.removeprefix("torch"), (sglang_torch, trainer_torch)
