@@ -387,9 +387,27 @@ def test_server_logprobs_equal_the_trainers(temperature, rollout_server, prompt,
     assert gap < 1e-4
 
 
-def _run_rl(args: list[str], timeout: int = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "paravt.rl.train", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+def _launch_env(nproc: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("MAX_RESTARTS", "NPROC")}
+    return {**env, "NPROC": str(nproc)}
+
+
+def _run_rl(args: list[str], timeout: int = 1500, nproc: int = 1) -> subprocess.CompletedProcess:
+    """The run as users start it: scripts/run_rl.sh (torchrun, ``nproc`` trainer ranks)."""
+    return subprocess.run(["bash", "scripts/run_rl.sh", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=_launch_env(nproc))
+
+
+def _descendants(pid: int) -> list[int]:
+    kids = [int(x) for x in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+    return kids + [d for k in kids for d in _descendants(k)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 @pytest.mark.parametrize("staleness,temperature,sync", [(0, 0.7, "broadcast"), (0, 0.7, "disk"), (2, 1.0, "broadcast")])
@@ -445,8 +463,8 @@ def test_killing_the_server_stops_the_run_with_a_checkpoint(sft_world, sft_check
     out = tmp_path / "rl_kill"
     args = _rl_args(sft_world, sft_checkpoint, out, "max_steps=40", "save_every=40", "grpo.max_staleness=0",
                     "rollout.max_bad_steps=2")
-    p = subprocess.Popen([sys.executable, "-m", "paravt.rl.train", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(["bash", "scripts/run_rl.sh", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_launch_env(1))
     try:
         deadline = time.time() + 900
         while time.time() < deadline and not ((out / "metrics.jsonl").exists() and _metrics(out)):
@@ -454,14 +472,14 @@ def test_killing_the_server_stops_the_run_with_a_checkpoint(sft_world, sft_check
             time.sleep(0.5)
         log = (out / "rollout_vllm.log")
         assert log.exists()
-        # the run's own server (a child of the trainer) and its engine process, killed as an OOM killer would
-        servers = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid), "-f", "vllm"], capture_output=True,
-                                                  text=True).stdout.split()]
+        # the run's own server (launched by trainer rank 0) and its engine process, killed as an OOM killer would
+        servers = [d for d in _descendants(p.pid) if "vllm" in _cmdline(d) and "paravt.rl.train" not in _cmdline(d)]
         assert servers
         for pid in servers:
-            kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-            for k in [pid, *map(int, kids)]:
-                os.kill(k, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         killed = time.monotonic()
         _, err = p.communicate(timeout=900)
         # within the push's own timeout (rollout.sync_timeout_s, 300 s) plus a step: never a hang
@@ -478,9 +496,11 @@ def test_killing_the_server_stops_the_run_with_a_checkpoint(sft_world, sft_check
 
 
 def test_two_servers_serve_and_hold_every_version(sft_world, sft_checkpoint, tmp_path):
+    """A cluster's shape at CPU size: two FSDP2 trainer ranks under torchrun, two rollout servers;
+    the weight group (trainer rank 0 + both servers) forms under torchrun and every push reaches both."""
     out = tmp_path / "rl_two"
     r = _run_rl(_rl_args(sft_world, sft_checkpoint, out, "max_steps=2", "save_every=2", "grpo.max_staleness=0",
-                         "rollout.replicas=2"))
+                         "rollout.replicas=2", "trainer.strategy=fsdp2", "rollout.weight_sync=broadcast"), nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = _metrics(out)
     # both servers answered requests in every step (the pool sends each to the least loaded one) ...
