@@ -8,6 +8,7 @@ import pytest
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(6000)  # the pipeline, a rerun and a second seed: beyond the suite's per-test limit
 def test_short_quickstart(tmp_path):
     out = tmp_path / "qs"
     r = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=3000,

@@ -39,10 +39,23 @@ class Archive:
 _TAR_PART = re.compile(r"^(?P<base>.+\.tar(?:\.gz)?)(?:\.part)?\.(?P<suffix>[a-z]{2,3}|\d{2,4})$")
 
 
+def path_matches(rel_path: str, patterns: tuple[str, ...] | list[str]) -> bool:
+    """The one rule for ``--source-include`` / media patterns: :func:`fnmatch.fnmatch` on the path
+    relative to the repository (``*`` crosses ``/``), used by the listing, the download and the
+    extraction alike."""
+    import fnmatch  # noqa: PLC0415
+
+    return any(fnmatch.fnmatch(rel_path, pat) for pat in patterns)
+
+
 def find_archives(snap: Path, patterns: tuple[str, ...] | list[str]) -> list[Archive]:
     """The archives among the snapshot files matching ``patterns`` (plain files, e.g. MMVU's mp4s,
-    are used where they are). Split tars are grouped under their joined name, parts in order."""
-    files = sorted({p for pat in patterns for p in snap.glob(pat) if p.is_file()})
+    are used where they are). Split tars are grouped under their joined name, parts in order.
+
+    ``patterns`` match each file's path relative to the snapshot with :func:`fnmatch.fnmatch` (``*``
+    crosses ``/``), the rule :mod:`paravt.data.fetch` lists and downloads by, so ``museg/*`` extracts
+    exactly the archives it downloaded, nested folders included."""
+    files = sorted(p for p in snap.rglob("*") if p.is_file() and path_matches(p.relative_to(snap).as_posix(), patterns))
     out: list[Archive] = []
     tars: dict[str, list[Path]] = {}
     for p in files:

@@ -22,7 +22,6 @@ Exit codes: 0 ok; 1 materialize found missing or unresolved media (``--allow-mis
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import os
 import shutil
 import sys
@@ -62,7 +61,9 @@ def listing(repo_id: str, patterns: list[str], cache_dir: str | None = None) -> 
                      if hasattr(f, "size")]
         except Exception as exc:  # noqa: BLE001 - gated, missing, network: one line
             raise FetchError(f"{repo_id}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
-    return [(p, n) for p, n in files if any(fnmatch.fnmatch(p, pat) for pat in patterns)]
+    from paravt.data.archives import path_matches  # noqa: PLC0415
+
+    return [(p, n) for p, n in files if path_matches(p, patterns)]
 
 
 def snapshot(repo_id: str, patterns: list[str], cache_dir: str | None = None, download: bool = True) -> Path:

@@ -202,7 +202,7 @@ def test_a_failed_push_closes_its_session_so_the_next_one_can_open():
 
 def test_a_session_left_open_by_a_dead_trainer_is_closed_before_the_next_push():
     async def go(engine, mgr, log):
-        await engine.begin_broadcast(PLAN, 1, "g")  # the trainer dies here: nobody ends this session
+        await engine.begin_broadcast(PLAN, 1, "g")  # the trainer dies here: nobody closes it
         await _push(engine, 2)
         return log
     log = _run(go)

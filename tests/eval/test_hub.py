@@ -221,3 +221,18 @@ def test_the_driver_fetches_on_first_use_and_evaluates(fetched, tiny_dir, tmp_pa
     for split, n in (("charades_sta", 2), ("mlvu", 3)):
         summary = json.loads((tmp_path / f"o/model/image_url/{split}.json").read_text())
         assert summary["n"] == n and summary.get("missing_video", 0) == 0 and summary.get("errors", 0) == 0, summary
+
+
+def test_a_folder_pattern_extracts_the_archives_it_listed(tmp_path):
+    """`fetch --source-include 'museg/*'` lists and downloads by fnmatch on the repository path (`*`
+    crosses `/`); extraction must find the same files, nested folders included."""
+    from paravt.data.archives import path_matches  # the listing's own rule (paravt.data.fetch)
+
+    src = tmp_path / "snap"
+    for rel in ("museg/videos_01.zip", "museg/part2/videos_02.zip", "other/videos_03.zip", "top.zip"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(zip_bytes({"v.mp4": b"x"}))
+    listed = {str(p.relative_to(src)) for p in src.rglob("*.zip") if path_matches(str(p.relative_to(src)), ["museg/*"])}
+    found = find_archives(src, ["museg/*"])
+    assert sorted(a.name for a in found) == ["videos_01.zip", "videos_02.zip"]
+    assert {str(a.parts[0].relative_to(src)) for a in found} == listed

@@ -440,6 +440,7 @@ def test_rl_steps_against_a_vllm_server(staleness, temperature, sync, sft_world,
     print("logprob gap max per step:", [f"{m['rollout/logprob_gap_max']:.1e}" for m in rec])
 
 
+@pytest.mark.timeout(2500)
 def test_the_vllm_recipe_runs_ten_steps_with_its_own_settings(sft_world, sft_checkpoint, tmp_path):
     """configs/rl/tiny_vllm.yaml as the README runs it: only the data, model, output, port and vLLM's
     environment are set here; batch, lengths, staleness and K draws are the recipe's."""
