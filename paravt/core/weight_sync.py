@@ -172,20 +172,33 @@ def destroy_weight_group(group) -> None:
 class WeightBuckets:
     """One version of the policy as buckets: ``plan`` (known on every rank before any transfer; sent
     to the servers so they can allocate) and iteration that yields each bucket's flat bytes on the
-    sending rank (``None`` on the others). Iterating may run collectives (FSDP2 gathers): every rank
-    must iterate to the end, also after a failed send."""
+    sending rank (``None`` on the others).
 
-    def __init__(self, plan: list[list[TensorMeta]], produce: Iterator[torch.Tensor | None]):
+    ``gather(i)`` runs bucket ``i``'s gathers (collectives on every rank: FSDP2's ``full_tensor``) and
+    returns its tensors on the sender (``None`` elsewhere); ``pack`` lays them out (:func:`flatten`).
+    A bucket counts as done once gathered, before it is packed or sent, so when packing or sending
+    fails on the sender (an out-of-memory in ``flatten``, a dead server), :meth:`drain` runs exactly
+    the gathers the other ranks still wait in: every rank must iterate or drain to the end."""
+
+    def __init__(self, plan: list[list[TensorMeta]], gather, pack=flatten):
         self.plan = plan
-        self._produce = produce
+        self._gather = gather
+        self._pack = pack
+        self._next = 0
 
     def __iter__(self) -> Iterator[torch.Tensor | None]:
-        return self._produce
+        while self._next < len(self.plan):
+            i = self._next
+            tensors = self._gather(i)
+            self._next = i + 1
+            yield None if tensors is None else self._pack(tensors)
 
     def drain(self) -> None:
-        """Run the remaining gathers without sending (keeps every rank's collectives in step)."""
-        for _ in self._produce:
-            pass
+        """Run the remaining gathers without packing or sending (keeps every rank's collectives in step)."""
+        while self._next < len(self.plan):
+            i = self._next
+            self._next = i + 1
+            self._gather(i)
 
     @property
     def nbytes(self) -> int:

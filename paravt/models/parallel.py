@@ -316,26 +316,25 @@ def weight_buckets(model, dtype: torch.dtype, bucket_bytes: int, is_sender: bool
     transport: bucket plan from the parameters' global shapes (no communication), then per bucket
     its parameters gathered one by one, cast to ``dtype`` and packed on the sender (None elsewhere).
     Peak on the sender: one bucket plus one full parameter."""
-    from paravt.core.weight_sync import TensorMeta, WeightBuckets, dtype_name, flatten, plan_buckets  # noqa: PLC0415
+    from paravt.core.weight_sync import TensorMeta, WeightBuckets, dtype_name, plan_buckets  # noqa: PLC0415
 
     metas = [TensorMeta(n, dtype_name(dtype if p.is_floating_point() else p.dtype), tuple(p.shape))
              for n, p in model.named_parameters()]
     plan = plan_buckets(metas, bucket_bytes)
+    params = iter_full_params(model, dtype)  # one pass, in plan order, on every rank
 
-    def produce():
-        params = iter_full_params(model, dtype)
-        for bucket in plan:
-            tensors = []
-            for m in bucket:
-                name, t = next(params)
-                if name != m.name:
-                    raise RuntimeError(f"parameter order changed while pushing: {name} != {m.name}")
-                if is_sender:
-                    tensors.append(t)
-                del t
-            yield flatten(tensors) if is_sender else None
+    def gather(i: int):
+        tensors = []
+        for m in plan[i]:
+            name, t = next(params)
+            if name != m.name:
+                raise RuntimeError(f"parameter order changed while pushing: {name} != {m.name}")
+            if is_sender:
+                tensors.append(t)
+            del t
+        return tensors if is_sender else None
 
-    return WeightBuckets(plan, produce())
+    return WeightBuckets(plan, gather)
 
 
 def export_hf(model, processor, out: str | Path, dist_info: DistInfo, dtype: torch.dtype | None = None) -> Path:

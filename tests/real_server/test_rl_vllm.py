@@ -130,7 +130,7 @@ def _handle(servers, proc, timeout_s: float = 60.0):
     return h
 
 
-def _broadcast(handle, model_dir, version, bucket_bytes=1 << 20, produce_hook=None):
+def _broadcast(handle, model_dir, version, bucket_bytes=1 << 20, gather_hook=None):
     """Push the weights of ``model_dir`` (loaded in fp32, as the CPU trainer holds them) as buckets."""
     import torch
 
@@ -139,8 +139,8 @@ def _broadcast(handle, model_dir, version, bucket_bytes=1 << 20, produce_hook=No
 
     m = load_model(str(model_dir), dtype="float32")
     b = parallel.weight_buckets(m, torch.float32, bucket_bytes, True)
-    if produce_hook is not None:
-        b._produce = produce_hook(b._produce)
+    if gather_hook is not None:
+        b._gather = gather_hook(b._gather)
     t0 = time.perf_counter()
     handle.push_weights(b, version)
     return time.perf_counter() - t0
@@ -339,18 +339,19 @@ def test_a_server_killed_mid_broadcast_fails_the_push_within_the_timeout(prompt,
     srv = _start_server(sft_checkpoint, tmp_path, "victim")
     h = _handle([srv], proc, timeout_s=60.0)
 
-    def kill_after_first(produce):
-        for i, flat in enumerate(produce):
-            yield flat
-            if i == 0:  # the first bucket is on its way: kill the server and its engine (an OOM kill)
+    def kill_after_first(gather):
+        def g(i):
+            if i == 1:  # the first bucket was sent: kill the server and its engine (an OOM kill)
                 kids = subprocess.run(["pgrep", "-g", str(srv.proc.pid)], capture_output=True, text=True).stdout.split()
                 for k in map(int, kids):
                     os.kill(k, signal.SIGKILL)
+            return gather(i)
+        return g
 
     try:
         t0 = time.perf_counter()
         with pytest.raises(EngineError) as e:
-            _broadcast(h, sft_checkpoint, 41, bucket_bytes=256 << 10, produce_hook=kill_after_first)
+            _broadcast(h, sft_checkpoint, 41, bucket_bytes=256 << 10, gather_hook=kill_after_first)
         took = time.perf_counter() - t0
         msg = str(e.value)
         assert "\n" not in msg.strip() or "died" in msg, msg
