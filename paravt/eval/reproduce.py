@@ -16,7 +16,8 @@ from pathlib import Path
 import yaml
 
 from paravt.core.config import load_config
-from paravt.eval.driver import EvalConfig, Evaluator, headline
+from paravt.eval.driver import EvalConfig, Evaluator, headline, lost_work
+from paravt.eval.identity import ResumeMismatch
 
 
 def row_overrides(r: dict, split: str) -> dict:
@@ -27,22 +28,45 @@ def row_overrides(r: dict, split: str) -> dict:
     return over
 
 
-def run_rows(rows, splits, common: list[str], out: str) -> dict:
+def _key(o: str) -> str:
+    return o.split("=", 1)[0].strip()
+
+
+def cell_args(defaults: list[str], row: dict, split: str, user: list[str], out: str) -> list[str]:
+    """The driver's settings of one cell, later ones winning: the run's defaults (the paper's
+    protocol, the smoke set's paths), the row's own settings, then the user's overrides, which win
+    over everything (a user's ``nframes=32`` is never replaced by the protocol's 64)."""
+    over = row_overrides(row, split)
+    return (defaults + [f"{k}={v}" for k, v in over.items() if v != ""] + [f"out={out}", f"splits=[{split}]"]
+            + list(user))
+
+
+def protocol_changes(user: list[str], protocol: dict) -> list[str]:
+    """The user's overrides that change a setting of the paper's protocol, as ``key=new (paper: old)``."""
+    out = []
+    for o in user:
+        k = _key(o)
+        if k in protocol and str(protocol[k]) != o.split("=", 1)[1].strip():
+            out.append(f"{k}={o.split('=', 1)[1].strip()} (paper: {protocol[k]})")
+    return out
+
+
+def run_rows(rows, splits, defaults: list[str], out: str, user: list[str] = ()) -> tuple[dict, list[str]]:
     """Evaluate each row that names a model (its own id or path; a row never borrows another's);
-    a row without one is skipped with its line."""
-    results = {}
+    a row without one is skipped with its line. Returns the results and one line per cell that lost
+    work (samples lost, a split that did not run)."""
+    results, lost = {}, []
     for r in rows:
         if not r.get("model"):
             print(f"skip {r['row']}: no public checkpoint id configured (fill 'model' in the table config, or "
                   "evaluate your checkpoint as its own row: --row NAME --model PATH)")
             continue
         for split in splits:
-            over = row_overrides(r, split)
-            args = common + [f"out={out}", f"splits=[{split}]"] + [f"{k}={v}" for k, v in over.items() if v != ""]
-            cfg = load_config(EvalConfig, None, args)
+            cfg = load_config(EvalConfig, None, cell_args(defaults, r, split, list(user), out))
             res = Evaluator(cfg).run()
             results.setdefault(r["row"], {})[split] = res[split]
-    return results
+            lost += [f"{r['row']} / {line}" for line in lost_work({split: res[split]}, cfg.max_error_fraction)]
+    return results, lost
 
 
 def table(results: dict, rows: list[dict], splits: list[str]) -> str:
@@ -56,7 +80,11 @@ def table(results: dict, rows: list[dict], splits: list[str]) -> str:
             if v is not None:
                 vals.append(100 * v)
             p = pub.get(s)
-            cells.append(("" if v is None else f"{100 * v:.1f}") + (f" [paper {p}]" if p is not None else ""))
+            short = (res.get(s) or {}).get("lost") or ("n" not in res[s] if s in res else False)
+            mark = ""
+            if s in res and short:
+                mark = " (did not run)" if "n" not in res[s] else f" (lost {res[s]['lost']}/{res[s]['n']})"
+            cells.append(("" if v is None else f"{100 * v:.1f}") + mark + (f" [paper {p}]" if p is not None else ""))
         avg = f"{sum(vals) / len(vals):.1f}" if vals and len(vals) == len(splits) else ""
         lines.append(f"| {r['row']} | " + " | ".join(cells) + f" | {avg} |")
     return "\n".join(lines) + "\n"
@@ -137,20 +165,33 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"--rows: no such row(s) {unknown}")
     run = [r for r in rows if selected is None or r["row"] in selected]
-    common = list(a.overrides) + ["progress=false"]
+    protocol = spec.get("protocol", {})
+    defaults = [f"{k}={v}" for k, v in protocol.items()]
     if a.limit:
-        common.append(f"limit={a.limit}")
+        defaults.append(f"limit={a.limit}")
     if a.smoke:
         if not a.model or not a.synthetic:
             ap.error("--smoke needs --model and --synthetic")
-        common = [f"split_paths={{synthetic: {a.synthetic}}}", "max_new_tokens=400"] + common
+        defaults = [f"split_paths={{synthetic: {a.synthetic}}}", "max_new_tokens=400"] + defaults
         run = [{**r, "model": r.get("model") or a.model} for r in run]
     else:
-        common.append(f"data_root={a.data_root}")
-    common += [f"{k}={v}" for k, v in spec.get("protocol", {}).items()]
-    results = run_rows(run, spec["splits"], common, a.out)
+        defaults.append(f"data_root={a.data_root}")
+    changed = protocol_changes(a.overrides, protocol)
+    for c in changed:
+        print(f"warning: {c} departs from the paper's protocol; the table says so", file=sys.stderr)
+    try:
+        results, lost = run_rows(run, spec["splits"], defaults, a.out, a.overrides)
+    except ResumeMismatch as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     md = table(results, rows, spec["splits"])
-    checks = run_checks(spec.get("checks", []), results, spec["splits"], a.rl_metrics)
+    if changed:
+        md += "\nNot the paper's protocol: " + "; ".join(changed) + ".\n"
+    claims = list(spec.get("checks", []))
+    if a.row:  # the sourced claims about the row yours is like, checked on yours too
+        claims += [{**c, "row": a.row, "name": f"{c['name']} ({a.row})"} for c in spec.get("checks", [])
+                   if c.get("row") == a.like and c["kind"] != "training_curve"]
+    checks = run_checks(claims, results, spec["splits"], a.rl_metrics)
     if checks:
         md += "\n| paper claim | paper | this run | status |\n|---|---|---|---|\n"
         for c in checks:
@@ -160,9 +201,15 @@ def main(argv: list[str] | None = None) -> int:
             md += f"| {c['name']} | {paper} | {got or ''} | {c['status']} |\n"
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "table.md").write_text(md)
-    (Path(a.out) / "table.json").write_text(json.dumps({"results": results, "checks": checks}, indent=2, default=str))
+    (Path(a.out) / "table.json").write_text(json.dumps({"results": results, "checks": checks, "lost": lost,
+                                                        "protocol_changes": changed}, indent=2, default=str))
     print(md)
-    return 0
+    for line in lost:
+        print(f"error: {line}", file=sys.stderr)
+    if lost:
+        print(f"error: {len(lost)} cell(s) lost work (marked in {Path(a.out) / 'table.md'}); rerun the same command "
+              "to retry exactly the lost samples", file=sys.stderr)
+    return 1 if lost else 0
 
 
 if __name__ == "__main__":

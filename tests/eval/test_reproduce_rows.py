@@ -1,6 +1,7 @@
 """reproduce_paper.sh / paravt.eval.reproduce: a user's checkpoint is one row of its own beside the
 paper's; rows without a model are skipped with their line and never borrow another checkpoint;
-model= for every row is refused."""
+model= for every row is refused; the user's overrides win over the protocol (and the table says so);
+cells that lost samples are marked and fail the run."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from paravt.eval import reproduce
 def _capture_rows(monkeypatch):
     ran = []
 
-    def fake_run_rows(rows, splits, common, out):
+    def fake_run_rows(rows, splits, defaults, out, user=()):
         ran.extend(rows)
-        return {}
+        return {}, []
 
     monkeypatch.setattr(reproduce, "run_rows", fake_run_rows)
     return ran
@@ -49,3 +50,59 @@ def test_the_smoke_path_takes_your_row_too(monkeypatch, tmp_path):
     assert reproduce.main(["--smoke", "--row", "mine", "--model", "/ckpt/tiny", "--synthetic", "/w",
                            "--out", str(tmp_path)]) == 0
     assert [(r["row"], r["model"], r["nframes"]) for r in ran] == [("mine", "/ckpt/tiny", 4)]
+
+
+def test_the_users_overrides_win_over_the_protocol_and_the_row():
+    row = {"row": "paravt-8b", "model": "ParaVT/ParaVT-8B", "prompt_mode": "agentic_general", "max_turns": 3,
+           "charades": {"prompt_mode": "agentic_minimal"}}
+    defaults = ["nframes=64", "max_new_tokens=2048", "max_turns=3"]
+    args = reproduce.cell_args(defaults, row, "videomme", ["nframes=32", "max_turns=1", "progress=true"], "/o")
+    cfg = reproduce.load_config(reproduce.EvalConfig, None, args)
+    assert (cfg.nframes, cfg.max_new_tokens, cfg.max_turns, cfg.progress) == (32, 2048, 1, True)
+    assert cfg.prompt_mode == "agentic_general" and cfg.model == "ParaVT/ParaVT-8B"
+    cfg = reproduce.load_config(reproduce.EvalConfig, None, reproduce.cell_args(defaults, row, "charades_sta", [], "/o"))
+    assert cfg.prompt_mode == "agentic_minimal" and cfg.progress  # progress bars stay on by default
+
+
+def test_a_protocol_change_is_warned_and_noted_in_the_table(monkeypatch, tmp_path, capsys):
+    _capture_rows(monkeypatch)
+    assert reproduce.main(["--row", "mine", "--model", "/ckpt/mine", "--out", str(tmp_path), "nframes=32"]) == 0
+    assert "nframes=32 (paper: 64) departs from the paper's protocol" in capsys.readouterr().err
+    assert "Not the paper's protocol: nframes=32 (paper: 64)" in (tmp_path / "table.md").read_text()
+
+
+class _Eval:
+    """Evaluator stand-in: each cell's summary as the driver returns it."""
+    cells = {}
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def run(self):
+        split = self.cfg.splits[0]
+        if split in self.cells:
+            return {split: self.cells[split]}
+        raise reproduce.ResumeMismatch(f"{self.cfg.out}/{split}.jsonl was produced with other settings:\n nframes 64 -> 32")
+
+
+def test_cells_that_lost_samples_are_marked_and_fail_the_run(monkeypatch, tmp_path, capsys):
+    _Eval.cells = {s: {"n": 10, "lost": 0, "missing_video": 0, "errors": 0, "accuracy": 0.5}
+                   for s in ("videomme", "videomme_sub", "longvideobench", "lvbench", "mlvu", "mmvu")}
+    _Eval.cells["mlvu"] = {"n": 10, "lost": 3, "missing_video": 3, "errors": 0, "accuracy": 0.4, "first_error": "x.mp4"}
+    _Eval.cells["charades_sta"] = {"n": 10, "lost": 0, "missing_video": 0, "errors": 0, "mIoU": 0.3}
+    monkeypatch.setattr(reproduce, "Evaluator", _Eval)
+    assert reproduce.main(["--row", "mine", "--model", "/ckpt/mine", "--out", str(tmp_path), "backend=openai"]) == 1
+    err = capsys.readouterr().err
+    assert "mine / mlvu: 3 of 10 samples lost" in err and "1 cell(s) lost work" in err
+    table = (tmp_path / "table.md").read_text()
+    assert "40.0 (lost 3/10)" in table and "| mine | 50.0 |" in table
+    # the claims about paravt-8b are checked on the user's row too
+    assert "(mine) |" in table
+
+
+def test_a_resume_with_other_settings_is_one_line(monkeypatch, tmp_path, capsys):
+    _Eval.cells = {}
+    monkeypatch.setattr(reproduce, "Evaluator", _Eval)
+    assert reproduce.main(["--row", "mine", "--model", "/ckpt/mine", "--out", str(tmp_path), "backend=openai"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "nframes 64 -> 32" in err[0]
