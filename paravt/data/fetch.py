@@ -78,6 +78,43 @@ def snapshot(repo_id: str, patterns: list[str], cache_dir: str | None = None, do
         raise FetchError(f"{repo_id}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}{hint}") from None
 
 
+def _cache_dir(cache_dir: str | None) -> Path:
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    from huggingface_hub import constants  # noqa: PLC0415
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _existing(p: Path) -> Path:
+    """``p`` or its nearest existing parent (a dry run creates nothing)."""
+    p = p.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _writable(p: Path) -> bool:
+    e = _existing(p)
+    return e.is_dir() and os.access(e, os.W_OK)
+
+
+def space_shortfall(media_root: Path, cache: Path, download: int, extracted: int) -> dict:
+    """Whether the downloads (to the Hub cache) and the extraction (to the media root) fit in the free
+    space of their filesystems (one filesystem holding both must hold their sum)."""
+    need: dict[int, list] = {}
+    for where, n in ((_existing(cache), download), (_existing(media_root), extracted)):
+        st = os.stat(where)
+        entry = need.setdefault(st.st_dev, [where, 0])
+        entry[1] += n
+    parts, short = [], False
+    for where, n in need.values():
+        free = shutil.disk_usage(where).free
+        short |= n > free
+        parts.append(f"{_human(n)} needed on the filesystem of {where}, {_human(free)} free")
+    return {"short": short, "summary": "; ".join(parts)}
+
+
 def default_media_root() -> Path:
     return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "paravt_source"
 
@@ -98,30 +135,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--materialize", metavar="OUT_DIR", default=None,
                    help="then rewrite the parquets' media paths to the media root into OUT_DIR")
     p.add_argument("--allow-missing", action="store_true", help="materialize: exit 0 although some media are missing")
+    p.add_argument("--allow-unresolved", action="store_true",
+                   help="materialize: exit 0 although some paths are under none of the media buckets")
+    p.add_argument("--skip-space-check", action="store_true",
+                   help="download although the free space looks short (the check counts cache + extraction)")
     p.add_argument("--dry-run", action="store_true", help="print what would be downloaded, with sizes, and stop")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
+    from paravt.core.secrets import load_secrets  # noqa: PLC0415
+
+    load_secrets()  # HF_TOKEN from .secrets.env, as the launch scripts read it
     parquet_pats = a.parquet_include or ["*.parquet", "**/*.parquet"]
     source_pats = a.source_include or ["*.zip", "**/*.zip"]
     media_root = Path(a.media_root).expanduser() if a.media_root else default_media_root()
     wanted = [(a.parquet_repo, parquet_pats)] + ([] if a.parquets_only else [(a.source_repo, source_pats)])
     try:
-        total = 0
+        total, sizes = 0, {}
         for repo, pats in wanted:
             files = listing(repo, pats, a.cache_dir)
             size = sum(n for _, n in files)
             total += size
+            sizes[repo] = size
             print(f"{repo}: {len(files)} file(s), {_human(size)}" + ("" if files else f" (nothing matches {pats})"))
             for path, n in files[:20]:
                 print(f"  {path}  {_human(n)}")
             if len(files) > 20:
                 print(f"  ... {len(files) - 20} more")
-        media_root.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(media_root).free
-        print(f"in all {_human(total)} to the Hub cache" + ("" if a.parquets_only else
-              f", about as much again extracted to {media_root}") + f" ({_human(free)} free there)")
+        extracted = sizes.get(a.source_repo, 0)  # the archives' size: about what they extract to
+        short = space_shortfall(media_root, _cache_dir(a.cache_dir), total, extracted)
+        print(f"in all {_human(total)} to the Hub cache ({_cache_dir(a.cache_dir)})" + ("" if a.parquets_only else
+              f", about {_human(extracted)} more extracted to {media_root}") + f"; {short['summary']}")
         if a.dry_run:
             return 0
+        if not _writable(media_root):
+            raise FetchError(f"--media-root {media_root}: not writable (choose a folder you can write to)")
+        if short["short"] and not a.skip_space_check:
+            raise FetchError(f"not enough free space: {short['summary']} (free some, choose --media-root / "
+                             "--cache-dir elsewhere, or --skip-space-check)")
+        media_root.mkdir(parents=True, exist_ok=True)
         snaps = {repo: snapshot(repo, pats, a.cache_dir) for repo, pats in wanted}
     except FetchError as exc:
         print(f"python -m paravt.data.fetch: {exc}", file=sys.stderr)
@@ -146,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     for d in parquet_dirs:
         args = ["--root", str(media_root), "--parquet-dir", str(d), "--output-dir", a.materialize]
-        rc = max(rc, materialize.main(args + (["--allow-missing"] if a.allow_missing else [])))
+        rc = max(rc, materialize.main(args + (["--allow-missing"] if a.allow_missing else [])
+                                      + (["--allow-unresolved"] if a.allow_unresolved else [])))
     return rc
 
 

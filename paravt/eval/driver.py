@@ -300,7 +300,10 @@ class Evaluator:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from paravt.core.secrets import load_secrets  # noqa: PLC0415
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    load_secrets()  # HF_TOKEN (splits by Hub id), the judge's key: as the launch scripts read them
     cfg = parse_cli(EvalConfig, argv, "python -m paravt.eval.driver")
     try:
         cfg.check_inputs()

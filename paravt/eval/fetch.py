@@ -72,6 +72,9 @@ def fetch_split(name: str, *, cache_dir: str | None = None, media_root: str | No
 
 
 def main(argv: list[str] | None = None) -> int:
+    from paravt.core.secrets import load_secrets  # noqa: PLC0415
+
+    load_secrets()  # HF_TOKEN for gated splits, as the launch scripts read it
     p = argparse.ArgumentParser(prog="python -m paravt.eval.fetch", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="splits: " + ", ".join(f"{s.name} ({s.hub.repo_id})" for s in SPLITS.values() if s.hub))

@@ -81,7 +81,43 @@ def test_dry_run_prints_sizes_and_downloads_nothing(tmp_path):
     r = _fetch(home, "--dry-run", "--source-include", "museg/*")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ParaVT/ParaVT-Source: 1 file(s)" in r.stdout and "museg/charades/part_000.zip" in r.stdout
-    assert not (home / "paravt_source" / "museg").exists()
+    assert not (home / "paravt_source").exists()  # a dry run creates nothing
+    assert "needed on the filesystem of" in r.stdout and "free" in r.stdout
+
+
+def test_a_folder_include_extracts_the_nested_archives_it_downloaded(tmp_path):
+    """The release keeps a bucket's archives in subfolders (museg/charades/part_000.zip): 'museg/*'
+    lists, downloads and extracts them by one rule."""
+    home = tmp_path / "hf"
+    _release(home)
+    r = _fetch(home, "--source-include", "museg/*")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "1 archive(s) extracted" in r.stdout
+    assert (home / "paravt_source/museg/charades/ABC12.mp4").read_bytes() == b"video-a"
+
+
+def test_an_unwritable_media_root_is_one_line(tmp_path):
+    home = tmp_path / "hf"
+    _release(home)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    r = _fetch(home, "--media-root", str(blocker / "media"))
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "not writable" in lines[0] and "a_file" in lines[0], r.stderr
+
+
+def test_the_space_check_counts_cache_and_extraction_on_one_filesystem(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from paravt.data import fetch
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(100 << 30, 0, 10 << 30))
+    ok = fetch.space_shortfall(tmp_path / "media", tmp_path / "cache", 4 << 30, 4 << 30)
+    assert not ok["short"] and ok["summary"].count("needed") == 1  # one filesystem: 8 GB of 10 free
+    short = fetch.space_shortfall(tmp_path / "media", tmp_path / "cache", 6 << 30, 6 << 30)
+    assert short["short"] and "12.9 GB needed" in short["summary"] and "10.7 GB free" in short["summary"], short
 
 
 def test_a_dataset_the_cache_lacks_is_one_line_and_exit_2(tmp_path):
