@@ -153,8 +153,10 @@ class Materializer:
         return pa.table(cols)
 
 
-def materialize(root: str | Path, parquet_dir: str | Path, output_dir: str | Path, pattern: str = "paravt_*.parquet") -> Report:
+def materialize(root: str | Path, parquet_dir: str | Path, output_dir: str | Path, pattern: str = "paravt_*.parquet",
+                on_file=None) -> Report:
     """Rewrite every matching parquet of ``parquet_dir`` into ``output_dir``; returns the report.
+    ``on_file(i, n, name, rows, missing_so_far)`` is called as each file is written (progress).
 
     Raises FileNotFoundError when the root is missing and LookupError when nothing matched."""
     root, parquet_dir, output_dir = Path(root), Path(parquet_dir), Path(output_dir)
@@ -175,6 +177,8 @@ def materialize(root: str | Path, parquet_dir: str | Path, output_dir: str | Pat
         pq.write_table(out, tmp)
         os.replace(tmp, output_dir / f.name)
         m.report.files[f.name] = out.num_rows
+        if on_file is not None:
+            on_file(len(m.report.files), len(files), f.name, out.num_rows, m.report.to_dict()["missing_total"])
     report_path = output_dir / "materialize_report.json"
     tmp = report_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(m.report.to_dict(), indent=2, sort_keys=True))
@@ -193,8 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-missing", action="store_true",
                    help="exit 0 although some rewritten paths name files that do not exist under --root")
     a = p.parse_args(argv)
+    import time  # noqa: PLC0415
+
+    t0 = time.monotonic()
+
+    def progress(i, n, name, rows, missing):  # one line per parquet as it is written (large files take minutes)
+        print(f"[materialize] {i}/{n} {name}: {rows} rows ({missing} missing file(s) so far, "
+              f"{time.monotonic() - t0:.0f} s)", flush=True)
+
     try:
-        report = materialize(a.root, a.parquet_dir, a.output_dir, a.pattern)
+        report = materialize(a.root, a.parquet_dir, a.output_dir, a.pattern, on_file=progress)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

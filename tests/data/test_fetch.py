@@ -58,6 +58,7 @@ def test_fetch_extracts_and_materializes_in_one_command(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "ParaVT/ParaVT-Parquet: 2 file(s)" in r.stdout and "ParaVT/ParaVT-Source: 3 file(s)" in r.stdout
     assert "3 archive(s) extracted" in r.stdout
+    assert "[materialize] 1/2 " in r.stdout and "[materialize] 2/2 " in r.stdout  # progress per parquet
     media = home / "paravt_source"
     assert (media / "museg/charades/ABC12.mp4").read_bytes() == b"video-a"
     for name in ("paravt_sft.parquet", "paravt_rl.parquet"):
