@@ -44,7 +44,7 @@ script_help() {  # script_help <script path> [python module] [args...]
 # code the run's own. torchrun restarts (--max-restarts) a group whose worker failed: right for a
 # crash (resume=auto continues from the newest checkpoint), wrong for a run that stopped itself (bad
 # input: 2; lost work: 3), which a restart would resume and report as done. A rank that stops on
-# purpose writes its code and line to $PARAVT_ABORT_FILE (paravt.models.parallel.report_abort);
+# purpose writes its code and line to $PARAVT_ABORT_FILE (paravt.models.stage_main.report_abort);
 # restarted workers see the file and end at once; then this prints the line and exits with the code.
 # torchrun dies with this script (PR_SET_PDEATHSIG, kill -9 included) and TERM/INT are passed on to
 # it, so the launcher also works as a container's PID 1.

@@ -124,12 +124,25 @@ class WeightReload:
         if packed is None:
             self.model_runner.reload_weights(weights_iterator=counted())
             return n
-        model.load_weights(counted())
+        loaded = model.load_weights(counted())
+        _check_every_parameter(model, loaded)
         for layer in packed:  # pack again from the new values (the CPU build's GEMM handles)
             method = getattr(layer, "quant_method", None)
             if method is not None and hasattr(method, "process_weights_after_loading"):
                 method.process_weights_after_loading(layer)
         return n
+
+
+def _check_every_parameter(model, loaded) -> None:
+    """vLLM's own rule for a checkpoint load (``DefaultModelLoader``: "Following weights were not
+    initialized from checkpoint"), applied to a pushed version: every parameter of the served model
+    must have been written, or the version is refused instead of serving a mix of two policies."""
+    if not isinstance(loaded, set):
+        return
+    missing = sorted({n for n, _ in model.named_parameters()} - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f", ... ({len(missing)} in all)" if len(missing) > 5 else "")
+        raise ValueError(f"the pushed weights left {len(missing)} parameter(s) of the served model unwritten: {shown}")
 
 
 def _restore_packed(model):

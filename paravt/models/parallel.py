@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from paravt.models.stage_main import RunAborted  # noqa: F401 - raised here, re-exported for callers
+
 log = logging.getLogger(__name__)
 COMPLETE = "COMPLETE"
 
@@ -361,96 +363,3 @@ def export_hf(model, processor, out: str | Path, dist_info: DistInfo, dtype: tor
         processor.save_pretrained(out)
     barrier()
     return out
-
-
-class RunAborted(RuntimeError):
-    """A run stopped itself after losing work it cannot train without (e.g. every rollout failed for
-    ``rollout.max_bad_steps`` steps); the message names the first error. Exit code 3."""
-
-    exit_code = 3
-
-
-ABORT_FILE_ENV = "PARAVT_ABORT_FILE"
-
-
-def report_abort(code: int, line: str) -> None:
-    """Record a deliberate stop (bad input, lost work) for the launcher: ``code<TAB>line`` in the file
-    ``$PARAVT_ABORT_FILE`` names (set by ``scripts/_common.sh:torchrun_supervised``); the first rank
-    to stop wins. torchrun restarts a group whose worker failed; the restarted workers see the file
-    and end at once (:func:`stopped_on_purpose`), and the launcher exits with ``code`` and ``line``
-    instead of resuming a run that stopped itself."""
-    path = os.environ.get(ABORT_FILE_ENV)
-    if not path:
-        return
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{int(code)}\t{' '.join(line.split())}\n")
-
-
-def stopped_on_purpose() -> bool:
-    """True in a worker torchrun restarted after the run stopped itself (:func:`report_abort`)."""
-    path = os.environ.get(ABORT_FILE_ENV)
-    return bool(path) and os.path.exists(path)
-
-
-def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: str) -> int:
-    """The CLI of a training stage: parse the typed config, train, report, tear the group down."""
-    from paravt.core.config import parse_cli  # noqa: PLC0415
-
-    from paravt.core.procs import OutputLock, OutputLockBusy  # noqa: PLC0415
-    from paravt.data.schema import DataError  # noqa: PLC0415
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if stopped_on_purpose():  # a restart of a run that stopped itself: nothing to do, the launcher reports it
-        return 0
-    cfg = parse_cli(schema, argv, prog)
-    lock = None
-    try:
-        if hasattr(cfg, "check_inputs"):
-            cfg.check_inputs()
-        if int(os.environ.get("RANK", 0)) == 0:  # one run per output directory (the lock dies with its holder)
-            lock = OutputLock(cfg.output_dir).acquire()
-        trainer = trainer_cls(cfg)
-    except (OutputLockBusy, DataError, ValueError, FileNotFoundError) as exc:
-        # The user's input, not a crash: one line, exit 2. (The launch scripts run this same check in
-        # a preflight before torchrun, so torchrun never restarts workers for a deterministic error.)
-        print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr)
-        report_abort(2, f"{prog}: {exc}")
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        raise SystemExit(2) from None
-    try:
-        final = trainer.train()
-    except (DataError, RunAborted) as exc:
-        # Bad data found while training (no usable row), or a run that stopped itself rather than train on
-        # nothing (paravt.rl.train): one line, a non-zero exit; the newest checkpoint resumes it.
-        if trainer.d.is_main or isinstance(exc, DataError):
-            print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
-        report_abort(exc.exit_code if isinstance(exc, RunAborted) else 2, f"{prog}: {exc}")
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", 1)) > 1:
-            logging.shutdown()
-            os._exit(exc.exit_code if isinstance(exc, RunAborted) else 2)
-        raise SystemExit(exc.exit_code if isinstance(exc, RunAborted) else 2) from None
-    if lock is not None:
-        lock.release()
-    if trainer.d.is_main:
-        print(f"{label} done ({trainer.out.name}): {trainer.global_step} steps; model at {final}")
-    if dist.is_initialized():
-        world = dist.get_world_size()
-        dist.destroy_process_group()
-        if world > 1:
-            # Everything is written (checkpoints, final/, metrics; the logger is closed) and all
-            # ranks passed the last barrier. Skip interpreter finalisation in torchrun workers:
-            # under load a worker occasionally aborted there ("terminate called without an active
-            # exception", SIGABRT from a native thread torn down by a static destructor; seen once
-            # in CI on the 2-rank gloo test), which turns a finished run into a failed launch.
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
-    return 0

@@ -35,6 +35,7 @@ from paravt.core.seeding import seed_everything
 from paravt.data.schema import load_rl_rows
 from paravt.engines.factory import EngineHandle, build_engine
 from paravt.models import parallel
+from paravt.models.stage_main import RunAborted, run_trainer
 from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
                                    resolve_dtype)
 from paravt.models.tokenize import vision_token_ids
@@ -185,7 +186,7 @@ class RLTrainer:
             err = parallel.broadcast_object(err)
             if err is not None:
                 done = self.save()
-                raise parallel.RunAborted(f"the weight push of version {version} to the rollout server(s) failed: "
+                raise RunAborted(f"the weight push of version {version} to the rollout server(s) failed: "
                                           f"{err}; checkpoint {done} (resume=auto continues from it)")
         parallel.barrier()
         return time.perf_counter() - t0
@@ -387,7 +388,7 @@ class RLTrainer:
         """Stop rather than train on nothing. A step is bad when it skipped more than
         ``rollout.max_skipped_fraction`` of its prompts (their episodes lost work) or kept no sample;
         after ``rollout.max_bad_steps`` bad steps in a row every rank saves the last good weights as a
-        checkpoint and raises :class:`~paravt.models.parallel.RunAborted` (one line, exit 3).
+        checkpoint and raises :class:`~paravt.models.stage_main.RunAborted` (one line, exit 3).
         Collective: every rank calls it."""
         r = self.cfg.rollout
         abort = None
@@ -408,7 +409,7 @@ class RLTrainer:
             done = self.save()
         where = f"checkpoint {done} (resume=auto continues from it)" if done is not None else \
             "no step was trained; nothing to resume"
-        raise parallel.RunAborted(f"{abort}; {where}")
+        raise RunAborted(f"{abort}; {where}")
 
     def _check_ended_well(self) -> None:
         """A run whose last steps lost work (fewer than ``rollout.max_bad_steps`` of them, so the
@@ -418,7 +419,7 @@ class RLTrainer:
         if not bad or self.global_step < self.cfg.max_steps:
             return
         done = parallel.latest_complete(self.ckpt_root)
-        raise parallel.RunAborted(
+        raise RunAborted(
             f"the run ended with its last {bad} step(s) losing work (each skipped more than "
             f"rollout.max_skipped_fraction={self.cfg.rollout.max_skipped_fraction:g} of its prompts or kept no "
             f"sample); first error: {err}; checkpoint {done} holds the weights (resume=auto continues from it)")
@@ -445,7 +446,7 @@ class RLTrainer:
                 except Exception as exc:  # the other ranks end with this line, not with a collective's timeout
                     msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
                     parallel.announce("engine_start", msg)
-                    raise parallel.RunAborted(f"the rollout engine did not start: {msg}") from None
+                    raise RunAborted(f"the rollout engine did not start: {msg}") from None
                 parallel.announce("engine_start")
             else:  # rank 0 may take up to the servers' start-up timeout: wait for it here, not in a collective
                 parallel.await_rank0("engine_start", start_s)
@@ -482,7 +483,7 @@ class RLTrainer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return parallel.run_trainer(RLTrainer, RLConfig, argv, "python -m paravt.rl.train", "RL")
+    return run_trainer(RLTrainer, RLConfig, argv, "python -m paravt.rl.train", "RL")
 
 
 if __name__ == "__main__":

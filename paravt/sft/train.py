@@ -30,6 +30,7 @@ import torch
 
 from paravt.core.seeding import seed_everything, stable_hash
 from paravt.models import parallel
+from paravt.models.stage_main import run_trainer
 from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
                                    resolve_dtype)
 from paravt.models.trainloop import TrainLoop
@@ -295,7 +296,7 @@ class SFTTrainer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return parallel.run_trainer(SFTTrainer, SFTConfig, argv, "python -m paravt.sft.train", "SFT")
+    return run_trainer(SFTTrainer, SFTConfig, argv, "python -m paravt.sft.train", "SFT")
 
 
 if __name__ == "__main__":

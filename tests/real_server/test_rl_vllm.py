@@ -332,6 +332,35 @@ def test_a_push_during_generation_keeps_each_output_on_its_own_version(rollout_s
         h.stop()
 
 
+def test_a_version_missing_a_parameter_is_refused_naming_it(prompt, sft_checkpoint, tmp_path):
+    """A push whose buckets lack one of the served model's parameters would leave the server serving a
+    mix of two policies: the worker applies vLLM's own checkpoint rule (every parameter written) and
+    the push fails naming it. Its own server: the refused version leaves it half-written."""
+    import torch
+
+    from paravt.core.weight_sync import TensorMeta, WeightBuckets, plan_buckets
+    from paravt.engines.base import EngineError
+    from paravt.models.loading import load_model
+
+    m = load_model(str(sft_checkpoint), dtype="float32")
+    named = [(n, p.detach()) for n, p in m.named_parameters()]
+    drop = next(n for n, _ in named if "layers.0.mlp.down_proj" in n)
+    kept = [(n, t) for n, t in named if n != drop]
+    plan = plan_buckets([TensorMeta(n, "float32", tuple(t.shape)) for n, t in kept], 1 << 20)
+    tensors = iter(kept)
+    buckets = WeightBuckets(plan, lambda i: [next(tensors)[1] for _ in plan[i]])
+    srv = _start_server(sft_checkpoint, tmp_path, "partial")
+    h = _handle([srv], prompt[2])
+    try:
+        with pytest.raises(EngineError) as e:
+            h.push_weights(buckets, 21)
+        assert "unwritten" in str(e.value) and "down_proj" in str(e.value), str(e.value)[:500]
+        assert torch.is_tensor(kept[0][1])
+    finally:
+        h.stop()
+        srv.stop()
+
+
 def test_a_server_killed_mid_broadcast_fails_the_push_within_the_timeout(prompt, sft_checkpoint, tmp_path):
     from paravt.engines.base import EngineError
 
