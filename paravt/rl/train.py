@@ -19,7 +19,6 @@ every departure from plain GRPO.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import time
@@ -33,7 +32,7 @@ from paravt.agent.episode import EpisodeSample
 from paravt.core.metrics import append_jsonl, trim_jsonl
 from paravt.core.seeding import seed_everything
 from paravt.data.schema import load_rl_rows
-from paravt.engines.factory import EngineHandle, build_engine
+from paravt.engines.factory import EngineHandle
 from paravt.models import parallel
 from paravt.models.stage_main import RunAborted, run_trainer
 from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
@@ -43,6 +42,7 @@ from paravt.models.trainloop import TrainLoop
 from paravt.rl.config import RLConfig
 from paravt.rl.grpo import k1_kl_rewards, masked_moments, normalize_with, ppo_token_loss, token_advantages
 from paravt.rl.logps import forward_logps
+from paravt.rl.engine_sync import RolloutEngineMixin
 from paravt.rl.rollout import PromptSchedule, RolloutBatch, RolloutProducer, RolloutWorker, Sample
 
 log = logging.getLogger("paravt.rl")
@@ -54,20 +54,7 @@ GTR_CURVES = ["gtr/corrected_fraction", "gtr/valid_thought_fraction", "gtr/thoug
               "gtr/distinct_thought_fraction", "gtr/nll", "ppo/entropy_think"]
 
 
-def prune_weight_dirs(root: Path, keep: int) -> list[Path]:
-    """Delete all but the ``keep`` newest ``vNNNNNN`` weight exports (8B: 16 GB each in bf16).
-    The server has loaded a version once ``update_weights`` returned; rollouts in flight use the
-    weights in GPU memory, not the files. Returns the deleted directories."""
-    import shutil  # noqa: PLC0415
-
-    dirs = sorted(p for p in Path(root).glob("v[0-9]*") if p.is_dir())
-    gone = dirs[: max(0, len(dirs) - max(1, keep))]
-    for p in gone:
-        shutil.rmtree(p, ignore_errors=True)
-    return gone
-
-
-class RLTrainer:
+class RLTrainer(RolloutEngineMixin):
     def __init__(self, cfg: RLConfig):
         self.cfg = cfg
         self.d = parallel.init_distributed()
@@ -150,53 +137,6 @@ class RLTrainer:
             m.update({"time/rollout": batch.seconds, "rollout/staleness": self.global_step - 1 - batch.weight_version,
                       "rollout/samples": len(samples)})
         return m
-
-    def _push_weights(self, version: int) -> float:
-        """The actor's weights → the engine, tagged ``version``. Collective: every rank calls it.
-
-        * ``state_dict`` (in-process engine): the full state dict, handed over in memory.
-        * ``broadcast`` (servers): buckets of parameters gathered one by one from the FSDP2 shards,
-          cast to the trainer's dtype and streamed by rank 0 over the weight group
-          (:func:`paravt.models.parallel.weight_buckets` → :meth:`EngineHandle.push_weights` →
-          :class:`~paravt.engines.weight_push.BroadcastPush` → each server's loader).
-        * ``disk`` (servers): an HF export (``weights/vNNNNNN``) each server reloads.
-
-        A push that fails (a server died, rejected the weights, or the transfer stalled past
-        ``rollout.sync_timeout_s``) checkpoints and ends the run: :class:`RunAborted`, exit 3."""
-        t0 = time.perf_counter()
-        mode = self.cfg.sync_mode()
-        dtype = resolve_dtype(self.cfg.trainer.dtype)  # bf16 for the 8B: half the bytes of fp32
-        err = None
-        if mode == "state_dict":
-            sd = parallel.full_state_dict(self.actor)
-            if self.d.is_main:
-                self.handle.push_weights(sd, version)
-        elif mode == "broadcast":
-            buckets = parallel.weight_buckets(self.actor, dtype, self.cfg.rollout.bucket_mb << 20, self.d.is_main)
-            if self.d.is_main:
-                err = self._try_push(buckets, version)
-            buckets.drain()  # the other ranks' gathers of the buckets a failed push did not send
-        else:
-            path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d,
-                                      dtype=dtype)
-            if self.d.is_main:
-                err = self._try_push(path, version)
-                prune_weight_dirs(self.out / "weights", keep=self.cfg.grpo.max_staleness + 1)
-        if mode != "state_dict":
-            err = parallel.broadcast_object(err)
-            if err is not None:
-                done = self.save()
-                raise RunAborted(f"the weight push of version {version} to the rollout server(s) failed: "
-                                          f"{err}; checkpoint {done} (resume=auto continues from it)")
-        parallel.barrier()
-        return time.perf_counter() - t0
-
-    def _try_push(self, source, version: int) -> str | None:
-        try:
-            self.handle.push_weights(source, version)
-        except Exception as exc:  # noqa: BLE001 - a dead or broken server: stop, never train on
-            return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
-        return None
 
     # ------------------------------------------------------------------ losses
     def _forward_logps(self, model, s: Sample, temperature: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,24 +297,6 @@ class RLTrainer:
         return str(path / "hf")
 
     # ------------------------------------------------------------------ loop
-    def _start_engine(self, weights: str) -> None:
-        """Rank 0: the engine (``rollout.engine``) loaded with ``weights``; servers launched and healthy."""
-        r = self.cfg.rollout
-        server = {"sglang": r.server, "vllm": r.vllm}.get(r.engine) if r.replicas else None
-        if server is not None and not server.log_file:
-            server = dataclasses.replace(server, log_file=str(self.out / f"rollout_{r.engine}.log"))
-        self.handle = build_engine(r.engine, weights, self.processor, dtype=r.dtype, seed=self.cfg.seed,
-                                   batch_wait_s=r.batch_wait_s, server=server, urls=r.urls, replicas=r.replicas,
-                                   log_file=self.out / "rollout_server.log", weight_version=self.global_step)
-        self.handle.control_timeout_s = r.control_timeout_s
-        self.handle.load_timeout_s = r.sync_timeout_s
-        if self.cfg.sync_mode() == "broadcast":
-            from paravt.engines.weight_push import BroadcastPush  # noqa: PLC0415
-
-            self.handle.broadcaster = BroadcastPush(self.cfg.sync_backend(self.d.device.type == "cuda"),
-                                                    r.sync_address, r.sync_timeout_s,
-                                                    join_timeout_s=r.control_timeout_s)
-
     def _start_rollouts(self) -> RolloutProducer:
         """Rank 0: the producer thread over the started engine."""
         worker = RolloutWorker(self.cfg, self.handle.engine, self.processor, self.schedule, self.judge, self.gtr)

@@ -162,7 +162,7 @@ def test_openai_client_uses_the_served_name_and_asks_for_token_ids(server):
 
 
 def test_prune_weight_dirs(tmp_path):
-    from paravt.rl.train import prune_weight_dirs
+    from paravt.rl.engine_sync import prune_weight_dirs
     for v in range(1, 6):
         (tmp_path / f"v{v:06d}").mkdir()
     gone = prune_weight_dirs(tmp_path, keep=3)

@@ -1,0 +1,102 @@
+"""Trainer rank 0's rollout engine and the weight push to it, for :class:`paravt.rl.train.RLTrainer`.
+
+* :meth:`RolloutEngineMixin._start_engine` — the engine of ``rollout.engine`` (in-process, or
+  servers launched / reached by URL) with its timeouts and, for ``rollout.weight_sync=broadcast``,
+  the weight group's :class:`~paravt.engines.weight_push.BroadcastPush`.
+* :meth:`RolloutEngineMixin._push_weights` — every policy version to the engine; collective (every
+  trainer rank gathers its shards), a failure checkpoints and stops the run (exit 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from paravt.engines.factory import build_engine
+from paravt.models import parallel
+from paravt.models.loading import resolve_dtype
+from paravt.models.stage_main import RunAborted
+
+
+def prune_weight_dirs(root: Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest ``vNNNNNN`` weight exports (8B: 16 GB each in bf16).
+    The server has loaded a version once ``update_weights`` returned; rollouts in flight use the
+    weights in GPU memory, not the files. Returns the deleted directories."""
+    import shutil  # noqa: PLC0415
+
+    dirs = sorted(p for p in Path(root).glob("v[0-9]*") if p.is_dir())
+    gone = dirs[: max(0, len(dirs) - max(1, keep))]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+class RolloutEngineMixin:
+    """Needs the trainer's ``cfg``, ``d`` (its DistInfo), ``actor``, ``processor``, ``out``,
+    ``global_step`` and ``save()``."""
+
+    def _start_engine(self, weights: str) -> None:
+        """Rank 0: the engine (``rollout.engine``) loaded with ``weights``; servers launched and healthy."""
+        r = self.cfg.rollout
+        server = {"sglang": r.server, "vllm": r.vllm}.get(r.engine) if r.replicas else None
+        if server is not None and not server.log_file:
+            server = dataclasses.replace(server, log_file=str(self.out / f"rollout_{r.engine}.log"))
+        self.handle = build_engine(r.engine, weights, self.processor, dtype=r.dtype, seed=self.cfg.seed,
+                                   batch_wait_s=r.batch_wait_s, server=server, urls=r.urls, replicas=r.replicas,
+                                   log_file=self.out / "rollout_server.log", weight_version=self.global_step)
+        self.handle.control_timeout_s = r.control_timeout_s
+        self.handle.load_timeout_s = r.sync_timeout_s
+        if self.cfg.sync_mode() == "broadcast":
+            from paravt.engines.weight_push import BroadcastPush  # noqa: PLC0415
+
+            self.handle.broadcaster = BroadcastPush(self.cfg.sync_backend(self.d.device.type == "cuda"),
+                                                    r.sync_address, r.sync_timeout_s,
+                                                    join_timeout_s=r.control_timeout_s)
+
+    def _push_weights(self, version: int) -> float:
+        """The actor's weights → the engine, tagged ``version``. Collective: every rank calls it.
+
+        * ``state_dict`` (in-process engine): the full state dict, handed over in memory.
+        * ``broadcast`` (servers): buckets of parameters gathered one by one from the FSDP2 shards,
+          cast to the trainer's dtype and streamed by rank 0 over the weight group
+          (:func:`paravt.models.parallel.weight_buckets` → :meth:`EngineHandle.push_weights` →
+          :class:`~paravt.engines.weight_push.BroadcastPush` → each server's loader).
+        * ``disk`` (servers): an HF export (``weights/vNNNNNN``) each server reloads.
+
+        A push that fails (a server died, rejected the weights, or the transfer stalled past
+        ``rollout.sync_timeout_s``) checkpoints and ends the run: :class:`RunAborted`, exit 3."""
+        t0 = time.perf_counter()
+        mode = self.cfg.sync_mode()
+        dtype = resolve_dtype(self.cfg.trainer.dtype)  # bf16 for the 8B: half the bytes of fp32
+        err = None
+        if mode == "state_dict":
+            sd = parallel.full_state_dict(self.actor)
+            if self.d.is_main:
+                self.handle.push_weights(sd, version)
+        elif mode == "broadcast":
+            buckets = parallel.weight_buckets(self.actor, dtype, self.cfg.rollout.bucket_mb << 20, self.d.is_main)
+            if self.d.is_main:
+                err = self._try_push(buckets, version)
+            buckets.drain()  # the other ranks' gathers of the buckets a failed push did not send
+        else:
+            path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d,
+                                      dtype=dtype)
+            if self.d.is_main:
+                err = self._try_push(path, version)
+                prune_weight_dirs(self.out / "weights", keep=self.cfg.grpo.max_staleness + 1)
+        if mode != "state_dict":
+            err = parallel.broadcast_object(err)
+            if err is not None:
+                done = self.save()
+                raise RunAborted(f"the weight push of version {version} to the rollout server(s) failed: "
+                                          f"{err}; checkpoint {done} (resume=auto continues from it)")
+        parallel.barrier()
+        return time.perf_counter() - t0
+
+    def _try_push(self, source, version: int) -> str | None:
+        try:
+            self.handle.push_weights(source, version)
+        except Exception as exc:  # noqa: BLE001 - a dead or broken server: stop, never train on
+            return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        return None
