@@ -37,7 +37,7 @@ class MetricsLogger:
                 import wandb  # noqa: PLC0415
 
                 # One wandb run per run directory: its id is kept beside the metrics, so a resumed run
-                # (resume=auto after a crash or a kill) continues the same wandb run.
+                # (resume=auto after a crash or a kill) continues the same wandb run online.
                 id_file = self.path.parent / "wandb_run_id"
                 run_id = id_file.read_text().strip() if id_file.exists() else ""
                 if not run_id:  # an identifier, not a draw that touches any result
@@ -45,9 +45,24 @@ class MetricsLogger:
 
                     run_id = uuid.uuid4().hex[:8]
                     id_file.write_text(run_id + "\n")
-                self._wandb = wandb.init(project=wandb_project, name=run_name, mode=mode, config=config or {},
-                                         dir=str(self.path.parent), reinit="finish_previous", id=run_id,
-                                         resume="allow")
+                common = dict(project=wandb_project, name=run_name, mode=mode, config=config or {},
+                              dir=str(self.path.parent), reinit="finish_previous")
+                self._wandb = None
+                if mode == "online" and resume_step is not None and resume_step > 1:
+                    # Rewind the online run to the last step kept in metrics.jsonl (steps from resume_step
+                    # on are redone and logged again), as the JSONL was trimmed: wandb's resume_from. A
+                    # server without rewind falls back to resume="allow", which keeps the old records of
+                    # the redone steps and drops their new ones (warned).
+                    try:
+                        self._wandb = wandb.init(resume_from=f"{run_id}?_step={resume_step - 1}", **common)
+                    except Exception as exc:  # noqa: BLE001
+                        log.warning("wandb could not rewind run %s to step %d (%s): steps redone after this "
+                                    "resume keep their first records in wandb; metrics.jsonl has the new ones",
+                                    run_id, resume_step - 1, exc)
+                if self._wandb is None:
+                    # Offline, wandb ignores resume: each launch writes its own offline-run folder under
+                    # this id, and steps redone after a resume appear in both; metrics.jsonl is the record.
+                    self._wandb = wandb.init(id=run_id, resume="allow", **common)
             except Exception as exc:  # noqa: BLE001 - logging must never stop training
                 log.warning("wandb disabled: %s", exc)
 
