@@ -69,9 +69,10 @@ def test_killing_the_launcher_group_leaves_no_workers_and_the_lock_refuses_a_sec
             os.kill(pid, signal.SIGKILL)
     # resumable: the next run continues from the newest complete checkpoint, each step logged once
     done = _newest_complete_step(out)
-    r = subprocess.run([sys.executable, "-m", "paravt.sft.train", *args[2:-6], f"data.0.path={world}/local/paravt_sft_synth.parquet",
+    r = subprocess.run([*args[:-6], f"data.0.path={world}/local/paravt_sft_synth.parquet",
                         f"max_steps={done + 1}", "save_every=2", "max_length=1024", "logging.wandb_project=null",
-                        "logging.progress=false"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        "logging.progress=false"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "NPROC": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, done + 2))

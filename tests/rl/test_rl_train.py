@@ -25,6 +25,18 @@ def _over(world, tiny_dir, out, **kw):
     return o + [f"{k}={v}" for k, v in kw.items()]
 
 
+def _alive_mentioning(text: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
 def _metrics(out):
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -90,21 +102,28 @@ def test_two_gloo_processes(world, tiny_dir, tmp_path):
     assert (out / "checkpoints/step_000002/COMPLETE").exists()
 
 
+@pytest.mark.launcher
 def test_kill_and_resume(world, tiny_dir, tmp_path):
+    """run_rl.sh killed (-9, its whole process group) mid-run, then the same command again."""
     out = tmp_path / "rlk"
-    args = [sys.executable, "-m", "paravt.rl.train", "configs/rl/tiny.yaml",
+    args = ["bash", "scripts/run_rl.sh", "configs/rl/tiny.yaml",
             *_over(world, tiny_dir, out, max_steps=4, save_every=2, **{"grpo.max_staleness": 0})]
-    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=root, start_new_session=True,
+                         env={**os.environ, "NPROC": "1"})
     deadline = time.time() + 600
     while time.time() < deadline and not (out / "checkpoints/step_000002/COMPLETE").exists():
         if p.poll() is not None:
             pytest.fail("run ended before its first checkpoint")
         time.sleep(0.2)
-    p.send_signal(signal.SIGKILL)  # killed mid-run: step 3 is in flight
+    os.killpg(p.pid, signal.SIGKILL)  # killed mid-run: step 3 is in flight
     p.wait()
+    deadline = time.time() + 60  # the workers follow their agent (PR_SET_PDEATHSIG), the lock with them
+    while time.time() < deadline and _alive_mentioning(str(out)):
+        time.sleep(0.3)
     before = _metrics(out)
     assert before[-1]["step"] >= 2
-    r = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=root, env={**os.environ, "NPROC": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     rec = _metrics(out)
     assert [x["step"] for x in rec] == [1, 2, 3, 4]  # same counter, each step logged once
@@ -140,16 +159,22 @@ def test_rl_step_through_the_http_rollout_server(world, tiny_dir, tmp_path):
     assert not list((out / "weights").glob("v*"))[1:]  # exports pruned to what staleness needs (1)
 
 
+@pytest.mark.launcher
 def test_a_rollout_server_that_does_not_start_ends_every_rank_with_one_line(world, tiny_dir, tmp_path):
-    """Rank 0 launches the server; the other ranks wait for it through the group's store (as long as a
-    server may take to start), not in a collective, and end with rank 0's error."""
+    """run_rl.sh, two ranks, torchrun's default restarts: rank 0 launches the server; the other ranks
+    wait for it through the group's store (as long as a server may take to start), not in a
+    collective, and end with rank 0's error. The run stopped itself: exit 3, never restarted into a
+    second try, the reason as the launcher's last line."""
     out = tmp_path / "rl_nostart"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
-           "-m", "paravt.rl.train", "configs/rl/tiny_vllm.yaml",
+    cmd = ["bash", "scripts/run_rl.sh", "configs/rl/tiny_vllm.yaml",
            *_over(world, tiny_dir, out, max_steps=2, **{"rollout.vllm.python": str(tmp_path / "no-such-python"),
                                                       "rollout.vllm.port": 0, "rollout.vllm.startup_timeout_s": 30})]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode != 0
-    assert "the rollout engine did not start" in r.stderr and "no-such-python" in r.stderr, r.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k != "MAX_RESTARTS"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2],
+                       env={**env, "OMP_NUM_THREADS": "1", "NPROC": "2"})
+    assert r.returncode == 3, r.stderr[-3000:]
+    last = [ln for ln in r.stderr.splitlines() if ln.strip()][-1]
+    assert "the rollout engine did not start" in last and "no-such-python" in last, r.stderr[-3000:]
+    assert r.stderr.count("the rollout engine did not start") <= 3  # rank 0's line, the report, the launcher's
     workers = r.stderr.split("torch/distributed/elastic")[0]  # torchrun's own failure report follows
     assert "Traceback" not in workers, workers[-3000:]
