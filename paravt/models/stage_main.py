@@ -29,19 +29,27 @@ ABORT_FILE_ENV = "PARAVT_ABORT_FILE"
 
 def report_abort(code: int, line: str) -> None:
     """Record a deliberate stop (bad input, lost work) for the launcher: ``code<TAB>line`` in the file
-    ``$PARAVT_ABORT_FILE`` names (set by ``scripts/_common.sh:torchrun_supervised``); the first rank
-    to stop wins. torchrun restarts a group whose worker failed; the restarted workers see the file
-    and end at once (:func:`stopped_on_purpose`), and the launcher exits with ``code`` and ``line``
-    instead of resuming a run that stopped itself."""
+    ``$PARAVT_ABORT_FILE`` names (set by ``scripts/_common.sh:torchrun_supervised``). Rank 0's line
+    wins (it names the cause; the others only say rank 0 failed): rank 0 replaces the file, another
+    rank writes it only while it does not exist. torchrun restarts a group whose worker failed; the
+    restarted workers see the file and end at once (:func:`stopped_on_purpose`), and the launcher exits
+    with ``code`` and ``line`` instead of resuming a run that stopped itself."""
     path = os.environ.get(ABORT_FILE_ENV)
     if not path:
+        return
+    text = f"{int(code)}\t{' '.join(line.split())}\n"
+    if int(os.environ.get("RANK", 0)) == 0:
+        tmp = f"{path}.rank0"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
         return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return
     with os.fdopen(fd, "w") as f:
-        f.write(f"{int(code)}\t{' '.join(line.split())}\n")
+        f.write(text)
 
 
 def stopped_on_purpose() -> bool:

@@ -1,0 +1,21 @@
+"""The launcher's record of a run that stopped itself: rank 0's line wins whichever rank writes first."""
+
+from paravt.models.stage_main import report_abort, stopped_on_purpose
+
+
+def test_rank_0s_line_wins_in_either_order(tmp_path, monkeypatch):
+    for order in ((1, 0), (0, 1)):
+        f = tmp_path / f"abort{order[0]}"
+        monkeypatch.setenv("PARAVT_ABORT_FILE", str(f))
+        assert not stopped_on_purpose()
+        for rank in order:
+            monkeypatch.setenv("RANK", str(rank))
+            report_abort(3, "the cause" if rank == 0 else "rank 0 failed engine_start")
+        assert f.read_text() == "3\tthe cause\n" and stopped_on_purpose()
+
+
+def test_without_a_launcher_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv("PARAVT_ABORT_FILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    report_abort(2, "bad input")
+    assert not stopped_on_purpose() and list(tmp_path.iterdir()) == []
