@@ -2,6 +2,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def test_inference_demo_prints_the_episode(world, tiny_dir):
     video = next((world / "media/selfqa").glob("clip_*.mp4"))
@@ -69,6 +71,7 @@ def test_setup_env_pip_retries_a_dropped_download(tmp_path):
     assert "failed 2 times" in r.stderr and "ReadTimeoutError" in r.stdout
 
 
+@pytest.mark.launcher
 def test_a_gpu_recipe_without_cuda_is_one_line_and_exit_2():
     """No silent CPU fallback: the 8B recipes on a torch without CUDA name what is missing."""
     import torch
@@ -83,6 +86,7 @@ def test_a_gpu_recipe_without_cuda_is_one_line_and_exit_2():
         assert len(lines) == 1 and "needs CUDA" in lines[0] and f"setup_env.sh {stage}" in lines[0], lines
 
 
+@pytest.mark.launcher
 def test_prompts_that_do_not_divide_the_trainer_ranks_stop_before_torchrun(world, tiny_dir, tmp_path):
     r = subprocess.run(["bash", "scripts/run_rl.sh", "configs/rl/tiny.yaml", f"model_path={tiny_dir}",
                         f"train_data=[{world}/local/paravt_rl_synth.parquet]", f"output_dir={tmp_path / 'rl'}",

@@ -237,6 +237,7 @@ def test_eval_missing_data_root_fails_the_run(tmp_path, tiny_dir):
     assert r.returncode == 1 and "did not run" in r.stderr and "not found" in r.stderr
 
 
+@pytest.mark.launcher
 def test_run_rl_preflight_rejects_bad_data_before_torchrun(tmp_path, tiny_dir):
     junk = tmp_path / "junk.parquet"
     junk.write_text("nope")

@@ -225,6 +225,7 @@ def test_eval_missing_model_is_one_line(tmp_path):
     assert r.returncode == 2 and "model: no such directory" in _one_line(r.stderr)
 
 
+@pytest.mark.launcher
 @pytest.mark.parametrize("case,fragment", [
     ("model", "model_path: no such directory"),
     ("resume", "resume: no such checkpoint directory"),
