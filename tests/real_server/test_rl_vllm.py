@@ -289,11 +289,42 @@ def test_broadcast_reaches_every_server(rollout_server, prompt, sft_checkpoint, 
         second.stop()
 
 
+async def _until(check, what: str, timeout_s: float = 300.0) -> None:
+    """Poll ``check()`` (a coroutine function) until it is true; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout_s:.0f} s for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def _get(url: str) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+        return await r.text()
+
+
+async def _running(url: str) -> bool:
+    for line in (await _get(url + "/metrics")).splitlines():
+        if line.startswith("vllm:num_requests_running") and float(line.rsplit(" ", 1)[1]) >= 1:
+            return True
+    return False
+
+
+async def _paused(url: str, push: asyncio.Future) -> bool:
+    return push.done() or json.loads(await _get(url + "/is_paused")).get("is_paused") is True
+
+
 def test_a_push_during_generation_keeps_each_output_on_its_own_version(rollout_server, prompt, sft_checkpoint,
                                                                         tmp_path):
     """Requests in flight when a push starts finish on the weights they started with; requests sent
     during the push wait for the new ones. Every output's logprobs are those of the version it
-    carries (re-scored with that version's weights)."""
+    carries (re-scored with that version's weights).
+
+    Ordered by the server's own state, never by sleeps (a slow machine must not change what is
+    tested): the push starts once vLLM's /metrics shows early requests running; the late requests
+    are sent once /is_paused says the push paused the server (or the push already ended)."""
     from paravt.engines.base import SamplingParams
     from paravt.models.tiny import build_tiny
 
@@ -301,6 +332,7 @@ def test_a_push_during_generation_keeps_each_output_on_its_own_version(rollout_s
     other = tmp_path / "b"
     build_tiny(other, seed=1)
     h = _handle([rollout_server], proc)
+    url = rollout_server.cfg.url
     weights = {31: sft_checkpoint, 32: other}
     try:
         _broadcast(h, sft_checkpoint, 31)
@@ -311,9 +343,9 @@ def test_a_push_during_generation_keeps_each_output_on_its_own_version(rollout_s
             try:
                 early = [asyncio.ensure_future(eng.generate(ids, images, SamplingParams(
                     temperature=0.7, max_new_tokens=96, seed=i))) for i in range(6)]
-                await asyncio.sleep(0.5)
+                await _until(lambda: _running(url), "early requests running (vllm:num_requests_running)")
                 push = asyncio.ensure_future(asyncio.to_thread(_broadcast, h, other, 32))
-                await asyncio.sleep(0.2)
+                await _until(lambda: _paused(url, push), "the push pausing the server (/is_paused)")
                 late = [asyncio.ensure_future(eng.generate(ids, images, SamplingParams(
                     temperature=0.7, max_new_tokens=24, seed=50 + i))) for i in range(4)]
                 await push
@@ -324,7 +356,8 @@ def test_a_push_during_generation_keeps_each_output_on_its_own_version(rollout_s
         outs = asyncio.run(go())
         assert not [o.error for o in outs if o.error]
         versions = [o.weight_version for o in outs]
-        assert 31 in versions and 32 in versions, versions  # the push really overlapped generation
+        # early requests were running on 31 when the push began; late ones were sent once it had paused
+        assert 31 in versions[:6] and set(versions[6:]) == {32}, versions
         for o in outs:
             assert _rescore_gap(weights[o.weight_version], prompt, o, 0.7) < 1e-4, o.weight_version
     finally:
