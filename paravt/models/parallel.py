@@ -302,15 +302,19 @@ def full_state_dict(model) -> dict[str, torch.Tensor] | None:
 
 
 def iter_full_params(model, dtype: torch.dtype | None = None):
-    """(checkpoint name, full tensor) for each parameter, one at a time: an FSDP2 shard is gathered
-    (``full_tensor``, a collective: every rank iterates) and cast to ``dtype`` on its device, so no
-    rank ever holds more than one full parameter beyond its shards. Tied parameters come once (the
-    names ``save_pretrained`` writes); every rank yields the tensors (only the sender keeps them)."""
+    """(checkpoint name, full tensor) for each parameter, one at a time: an FSDP2 shard is cast to
+    ``dtype`` on its device, then gathered (``full_tensor``, a collective: every rank iterates), so the
+    gather moves the target dtype's bytes (fp32 shards pushed as bf16: half the traffic; the cast is
+    elementwise, so the result is bit-identical to gathering first) and no rank ever holds more than
+    one full parameter beyond its shards. Tied parameters come once (the names ``save_pretrained``
+    writes); every rank yields the tensors (only the sender keeps them)."""
     for name, p in model.named_parameters():
         t = p.detach()
+        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)  # a DTensor casts its local shard and keeps its placements
         if hasattr(t, "full_tensor"):
             t = t.full_tensor()
-        yield name, (t.to(dtype) if dtype is not None and t.is_floating_point() else t)
+        yield name, t
 
 
 def weight_buckets(model, dtype: torch.dtype, bucket_bytes: int, is_sender: bool):

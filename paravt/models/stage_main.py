@@ -23,6 +23,12 @@ class RunAborted(RuntimeError):
 
     exit_code = 3
 
+    def __init__(self, message: str, collectives_broken: bool = False):
+        super().__init__(message)
+        # True when this rank left a collective the others still wait in: it must exit without
+        # tearing the group down (that would wait for them); torchrun then ends the others.
+        self.collectives_broken = collectives_broken
+
 
 ABORT_FILE_ENV = "PARAVT_ABORT_FILE"
 
@@ -58,6 +64,30 @@ def stopped_on_purpose() -> bool:
     return bool(path) and os.path.exists(path)
 
 
+def end_stopped_run(exc: Exception, prog: str, is_main: bool):
+    """End this rank of a run that stopped itself (:class:`RunAborted`, exit 3) or found bad data while
+    training (exit 2): one line, the abort file for the launcher, a non-zero exit; the newest
+    checkpoint resumes it. A rank that left a collective the others still wait in
+    (``collectives_broken``) exits at once, without tearing the group down (that would wait for
+    them): torchrun ends the other ranks when it sees this one's exit."""
+    from paravt.data.schema import DataError  # noqa: PLC0415
+
+    code = exc.exit_code if isinstance(exc, RunAborted) else 2
+    broken = getattr(exc, "collectives_broken", False)
+    if is_main or isinstance(exc, DataError) or broken:  # a broken rank names its own cause
+        print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+    report_abort(code, f"{prog}: {exc}")
+    if broken:
+        logging.shutdown()
+        os._exit(code)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        logging.shutdown()
+        os._exit(code)
+    raise SystemExit(code) from None
+
+
 def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: str) -> int:
     """The CLI of a training stage: parse the typed config, train, report, tear the group down."""
     from paravt.core.config import parse_cli  # noqa: PLC0415
@@ -87,17 +117,7 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
     try:
         final = trainer.train()
     except (DataError, RunAborted) as exc:
-        # Bad data found while training (no usable row), or a run that stopped itself rather than train on
-        # nothing (paravt.rl.train): one line, a non-zero exit; the newest checkpoint resumes it.
-        if trainer.d.is_main or isinstance(exc, DataError):
-            print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
-        report_abort(exc.exit_code if isinstance(exc, RunAborted) else 2, f"{prog}: {exc}")
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", 1)) > 1:
-            logging.shutdown()
-            os._exit(exc.exit_code if isinstance(exc, RunAborted) else 2)
-        raise SystemExit(exc.exit_code if isinstance(exc, RunAborted) else 2) from None
+        end_stopped_run(exc, prog, trainer.d.is_main)
     if lock is not None:
         lock.release()
     if trainer.d.is_main:

@@ -13,6 +13,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+from paravt.core.weight_sync import GatherError
 from paravt.engines.factory import build_engine
 from paravt.models import parallel
 from paravt.models.loading import resolve_dtype
@@ -76,9 +77,18 @@ class RolloutEngineMixin:
                 self.handle.push_weights(sd, version)
         elif mode == "broadcast":
             buckets = parallel.weight_buckets(self.actor, dtype, self.cfg.rollout.bucket_mb << 20, self.d.is_main)
-            if self.d.is_main:
-                err = self._try_push(buckets, version)
-            buckets.drain()  # the other ranks' gathers of the buckets a failed push did not send
+            try:
+                if self.d.is_main:
+                    err = self._try_push(buckets, version)
+                buckets.drain()  # the other ranks' gathers of the buckets a failed push did not send
+            except GatherError as exc:
+                # This rank left the gathers mid-way; the others wait in one nobody will complete, so
+                # no collective (not even a checkpoint) can follow. Exit 3 at once: torchrun ends the
+                # other ranks, the launcher reports this line, and the newest complete checkpoint
+                # resumes the run.
+                raise RunAborted(f"rank {self.d.rank}: the weight push of version {version} failed {exc}; the "
+                                 f"trainer ranks' collectives are out of step, so the newest complete checkpoint "
+                                 f"(resume=auto) is where the run continues", collectives_broken=True) from None
         else:
             path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d,
                                       dtype=dtype)
@@ -97,6 +107,8 @@ class RolloutEngineMixin:
     def _try_push(self, source, version: int) -> str | None:
         try:
             self.handle.push_weights(source, version)
+        except GatherError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a dead or broken server: stop, never train on
             return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
         return None
