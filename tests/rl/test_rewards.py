@@ -111,14 +111,27 @@ def test_guard():
     assert r.guarded and r.total == r.acc == r.format == r.tool == 0.0
 
 
-def test_cli(tmp_path):
+def _cli(capsys, *args) -> subprocess.CompletedProcess:
+    """``python -m paravt.rl.rewards ARGS`` run in this process (its ``main``): the interpreter's start-up
+    (torch, transformers) costs ~4 s a call; one test below runs the real ``python -m`` once."""
+    from paravt.rl.rewards.__main__ import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
+def test_cli(tmp_path, capsys):
     lines = [{"completion": DIRECT, "answer": "B", "question_type": "mcq"},
              {"completion": TOOL_ONLY, "answer": "B", "question_type": "mcq"}]
     f = tmp_path / "in.jsonl"
     f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "paravt.rl.rewards", "--jsonl", str(f), *a],
-                                    capture_output=True, text=True)
+    real = subprocess.run([sys.executable, "-m", "paravt.rl.rewards", "--jsonl", str(f), "--recipe",
+                           "configs/rl/paragrpo_8b.yaml"], capture_output=True, text=True)
+    run = lambda *a: _cli(capsys, "--jsonl", str(f), *a)
     r = run("--recipe", "configs/rl/paragrpo_8b.yaml")
+    assert (real.returncode, real.stdout) == (r.returncode, r.stdout), real.stderr
     assert r.returncode == 0, r.stderr
     out = [json.loads(x) for x in r.stdout.splitlines()]
     assert out[0] == {"total": 2.0, "acc": 1.0, "format": 1.0, "tool": 0.0}
@@ -133,13 +146,12 @@ def test_cli(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["paragrpo_8b", "vanilla_grpo_8b"])
-def test_release_rules_reproduce_the_authors_reward(recipe, tmp_path):
+def test_release_rules_reproduce_the_authors_reward(recipe, tmp_path, capsys):
     """Every term of every hand-written case equals the authors' compose_reward, through the CLI
     under the 8B recipe (guard, unclosed tags, think->tool, answer extraction, tool detection)."""
     f = tmp_path / "cases.jsonl"
     f.write_text("".join(json.dumps({k: c[k] for k in ("completion", "answer", "question_type")}) + "\n" for c in CASES))
-    r = subprocess.run([sys.executable, "-m", "paravt.rl.rewards", "--recipe", f"configs/rl/{recipe}.yaml",
-                        "--jsonl", str(f)], capture_output=True, text=True)
+    r = _cli(capsys, "--recipe", f"configs/rl/{recipe}.yaml", "--jsonl", str(f))
     assert r.returncode == 0, r.stderr
     got = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(got) == len(CASES) == 40
