@@ -115,6 +115,11 @@ class EvalConfig:
     max_parallel: int = 5  # tool calls executed per turn (extra ones dropped)
     max_new_tokens: int = 2048  # tokens per turn
     temperature: float = 0.0  # 0 = greedy
+    # Sampled eval: this many episodes per question (ids QID#sK), each seeded from sample_seed, the
+    # question and its draw; needs temperature > 0. Summaries then give the distribution, not the
+    # greedy mode: P(call), score when calling vs when answering without a call.
+    samples_per_question: int = 1
+    sample_seed: int = 0  # seeds every sampled request of the run (with the question id, draw, turn)
     frequency_penalty: float = 0.0  # main agent: logit - penalty x count of the token so far in the turn (OpenAI/vLLM/SGLang); 0 = off (paper)
     presence_penalty: float = 0.0  # main agent: logit - penalty if the token occurred in the turn; 0 = off (paper)
     # Overview protocol. release (the authors' eval driver, used for Table 1): K frames as bare
@@ -179,6 +184,11 @@ class EvalConfig:
         if bad:
             raise ValueError(f"{', '.join(bad)}: need nframes, max_parallel, max_new_tokens, concurrency >= 1, "
                              "max_turns, temperature, retries >= 0, limit >= 1 or null, penalties in [-2, 2]")
+        if self.samples_per_question < 1:
+            raise ValueError(f"samples_per_question must be >= 1, got {self.samples_per_question}")
+        if self.samples_per_question > 1 and self.temperature <= 0:
+            raise ValueError(f"samples_per_question={self.samples_per_question} needs temperature > 0 "
+                             "(greedy decoding gives the same episode every time)")
         if not 0.0 <= self.max_error_fraction <= 1.0:
             raise ValueError(f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}")
         if not self.splits:

@@ -22,6 +22,7 @@ the lost-work check) and :mod:`paravt.eval.report` (the quickstart's comparisons
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -140,7 +141,11 @@ class Evaluator:
         if warn:
             log.warning(warn)
         samples = samples[self.cfg.shard_id::self.cfg.num_shards]
-        return samples[: self.cfg.limit] if self.cfg.limit else samples
+        samples = samples[: self.cfg.limit] if self.cfg.limit else samples
+        n = self.cfg.samples_per_question
+        if n > 1:  # sampled eval: each question n times, each draw its own id (and so its own seeds)
+            samples = [dataclasses.replace(s, id=f"{s.id}#s{k}") for s in samples for k in range(n)]
+        return samples
 
     async def _one(self, i: int, s: EvalSample, cache: OverviewCache) -> dict[str, Any]:
         cfg = self.cfg
@@ -158,7 +163,8 @@ class Evaluator:
         ecfg = episode_config(cfg, s.question_type)
         t0 = time.perf_counter()
         try:  # the engine already retried each request (paravt.engines.http.retry): no second loop here
-            traj = await run_episode(sample, self._engine_for(i), self.processor, ecfg, cfg.nframes, seed=0, cache=cache)
+            traj = await run_episode(sample, self._engine_for(i), self.processor, ecfg, cfg.nframes,
+                                     seed=cfg.sample_seed, cache=cache)
         except Exception as exc:  # noqa: BLE001 - one bad sample must not stop the run
             rec["error"] = f"{type(exc).__name__}: {exc}"
             return rec

@@ -82,6 +82,15 @@ def summarize(records: list[dict[str, Any]], metric: str = "accuracy") -> dict[s
     out["avg_tool_calls"] = sum(r["tool_calls"] for r in done) / n if n else 0.0
     out["tool_usage_rate"] = sum(r["tool_calls"] > 0 for r in done) / n if n else 0.0
     out["format_compliance"] = sum(r.get("well_formed", False) for r in done) / n if n else 0.0
+    # the policy's choice and what it earned: score of the episodes that called a tool vs those that
+    # answered without one (over a sampled eval: P(call) and the payoff of calling)
+    called = [r["score"] for r in done if r["tool_calls"] > 0]
+    skipped = [r["score"] for r in done if r["tool_calls"] == 0]
+    out["calling"] = {"n": len(called), "score": sum(called) / len(called) if called else None}
+    out["skipping"] = {"n": len(skipped), "score": sum(skipped) / len(skipped) if skipped else None}
+    draws = {str(r["id"]).rpartition("#s")[0] for r in records if "#s" in str(r["id"])}
+    if draws:
+        out["questions"] = len(draws)
     per_sample = {"score": [r["score"] for r in done], "accuracy": [float(r["correct"]) for r in cls],
                   "mIoU": [r["iou"] for r in tvg], "tool_usage_rate": [float(r["tool_calls"] > 0) for r in done],
                   "format_compliance": [float(r.get("well_formed", False)) for r in done]}

@@ -168,3 +168,30 @@ def test_server_settings_become_one_launch_config_per_replica(tmp_path):
     assert sg.video_nframes == 16 and "--enable-deterministic-inference" in argv and "paravt-8b" in argv
     with pytest.raises(ValueError, match="no server to launch"):
         ServerConfig().launch_config(0, "row", tmp_path)
+
+
+def test_sampled_eval_draws_each_question_several_times_from_its_own_seed(world, tiny_dir, tmp_path):
+    """samples_per_question=3 at T = 1: three records per question (ids QID#s0..2), the run's seed
+    reproduces every completion exactly, another seed draws others; the summary splits the score by
+    whether the episode called a tool."""
+    def run(out, seed):
+        cfg = _cfg(world, tiny_dir, out, temperature=1.0, samples_per_question=3, sample_seed=seed, limit=2,
+                   save_trajectory=True, row="s")
+        res = Evaluator(cfg).run()["synthetic"]
+        recs = [json.loads(x) for x in (out / "s/image_url/synthetic.jsonl").read_text().splitlines()]
+        return res, {r["id"]: json.dumps(r["trajectory"]["turns"]) for r in recs}
+
+    res, a = run(tmp_path / "a", 7)
+    _, again = run(tmp_path / "b", 7)
+    _, other = run(tmp_path / "c", 8)
+    assert res["n"] == 6 and res["questions"] == 2 and res["errors"] == 0
+    assert sorted(k.rpartition("#s")[2] for k in a) == ["0", "0", "1", "1", "2", "2"]
+    assert a == again
+    assert a != other
+    assert len(set(a.values())) > 2  # the draws of a question differ
+    assert res["calling"]["n"] + res["skipping"]["n"] == 6
+
+
+def test_sampled_eval_needs_a_temperature(world, tiny_dir, tmp_path):
+    with pytest.raises(ValueError, match="needs temperature > 0"):
+        _cfg(world, tiny_dir, tmp_path, samples_per_question=2)
