@@ -49,7 +49,10 @@ class ServerConfig:
     replicas: int = 1  # SGLang servers launched (one per GPU group)
     base_port: int = 30000  # port of the first launched server
     gpus_per_replica: int = 1  # GPUs (tensor parallel) per server
-    restart_between_datasets: bool = True  # a fresh server per split (long sessions dropped connections)
+    # true: a fresh server per split, as the release runs (its single sessions dropped connections
+    # silently past ~5 datasets). Here a lost request is a counted, retried sample, never a silent
+    # drop, so one server serves every split of a run (and every cell of a reproduce_paper row).
+    restart_between_datasets: bool = False
     python: str | None = None  # the server's venv interpreter (null: .venv-sglang or .venv-vllm)
     dtype: str | None = None  # serving dtype (null: bfloat16 for SGLang, auto for vLLM; float32 on a CPU vLLM)
     enforce_eager: bool = False  # vLLM --enforce-eager (the CPU build needs it)

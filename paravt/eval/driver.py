@@ -112,10 +112,18 @@ class Evaluator:
             from paravt.models.loading import load_processor  # noqa: PLC0415
             self.processor = load_processor(cfg.model)
 
-    def _stop_servers(self) -> None:
+    def adopt(self, other: "Evaluator") -> None:
+        """Use ``other``'s engines (its launched servers, or its in-process model) instead of starting
+        new ones: the cells of one reproduce_paper row share them (:func:`engine_key` equal)."""
+        self.handles, self.engine, self.processor = other.handles, other.engine, other.processor
+
+    def stop_engines(self) -> None:
+        """Stop the servers this run launched (in-process engines are dropped)."""
         for h in self.handles:
             h.stop()
         self.handles, self.engine = [], None
+
+    _stop_servers = stop_engines
 
     async def _split_then_close(self, split: str) -> dict[str, Any]:
         """One split on this event loop; the clients' HTTP sessions close with it."""
@@ -282,7 +290,9 @@ class Evaluator:
                   file=sys.stderr, flush=True)
         return summary
 
-    def run(self) -> dict[str, Any]:
+    def run(self, keep_engines: bool = False) -> dict[str, Any]:
+        """Every split of the config; the engines this run started stop at the end unless
+        ``keep_engines`` (the caller stops them: :meth:`stop_engines`)."""
         results = {}
         for k, split in enumerate(self.cfg.splits):
             self._start()
@@ -296,13 +306,25 @@ class Evaluator:
             finally:
                 if self.cfg.server.restart_between_datasets and self.cfg.server.launch != "none":
                     self._stop_servers()
-        self._stop_servers()
+        if not keep_engines:
+            self._stop_servers()
         all_path = Path(self.cfg.out) / "summary_all.json"
         merged = json.loads(all_path.read_text()) if all_path.exists() else {}
         merged.setdefault(self.cfg.row, {})[self.cfg.channel] = results
         _atomic_json(all_path, merged)
         (Path(self.cfg.out) / "summary.md").write_text(markdown_table(merged))
         return results
+
+
+def engine_key(cfg: EvalConfig) -> tuple:
+    """What the engines of a run depend on: two runs with equal keys can share them (one launched
+    server, or one in-process model, for every cell of a row). ``None`` when they must not (the user
+    asked for a fresh server per split)."""
+    if cfg.server.restart_between_datasets and cfg.server.launch != "none":
+        return (None, id(cfg))
+    server = dataclasses.asdict(cfg.server)
+    return (cfg.backend, cfg.model, cfg.dtype, cfg.channel, cfg.nframes if cfg.channel == "video_url" else None,
+            json.dumps(server, sort_keys=True, default=str))
 
 
 def main(argv: list[str] | None = None) -> int:

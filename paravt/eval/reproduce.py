@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from paravt.core.config import load_config
-from paravt.eval.driver import EvalConfig, Evaluator, headline, lost_work
+from paravt.eval.driver import EvalConfig, Evaluator, engine_key, headline, lost_work
 from paravt.eval.identity import ResumeMismatch
 
 
@@ -61,11 +61,23 @@ def run_rows(rows, splits, defaults: list[str], out: str, user: list[str] = ()) 
             print(f"skip {r['row']}: no public checkpoint id configured (fill 'model' in the table config, or "
                   "evaluate your checkpoint as its own row: --row NAME --model PATH)")
             continue
-        for split in splits:
-            cfg = load_config(EvalConfig, None, cell_args(defaults, r, split, list(user), out))
-            res = Evaluator(cfg).run()
-            results.setdefault(r["row"], {})[split] = res[split]
-            lost += [f"{r['row']} / {line}" for line in lost_work({split: res[split]}, cfg.max_error_fraction)]
+        shared = None  # the cell whose engines (launched servers, or the in-process model) later cells use
+        try:
+            for split in splits:
+                cfg = load_config(EvalConfig, None, cell_args(defaults, r, split, list(user), out))
+                ev = Evaluator(cfg)
+                if shared is not None and engine_key(cfg) == engine_key(shared.cfg):
+                    ev.adopt(shared)  # one server for the row's splits, not one load of the 8B per cell
+                else:
+                    if shared is not None:
+                        shared.stop_engines()
+                    shared = ev
+                res = ev.run(keep_engines=True)
+                results.setdefault(r["row"], {})[split] = res[split]
+                lost += [f"{r['row']} / {line}" for line in lost_work({split: res[split]}, cfg.max_error_fraction)]
+        finally:
+            if shared is not None:
+                shared.stop_engines()
     return results, lost
 
 

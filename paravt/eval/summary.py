@@ -88,7 +88,7 @@ def summarize(records: list[dict[str, Any]], metric: str = "accuracy") -> dict[s
     skipped = [r["score"] for r in done if r["tool_calls"] == 0]
     out["calling"] = {"n": len(called), "score": sum(called) / len(called) if called else None}
     out["skipping"] = {"n": len(skipped), "score": sum(skipped) / len(skipped) if skipped else None}
-    draws = {str(r["id"]).rpartition("#s")[0] for r in records if "#s" in str(r["id"])}
+    draws = {str(r.get("id")).rpartition("#s")[0] for r in records if "#s" in str(r.get("id"))}
     if draws:
         out["questions"] = len(draws)
     per_sample = {"score": [r["score"] for r in done], "accuracy": [float(r["correct"]) for r in cls],

@@ -78,7 +78,13 @@ class _Eval:
     def __init__(self, cfg):
         self.cfg = cfg
 
-    def run(self):
+    def adopt(self, other):
+        pass
+
+    def stop_engines(self):
+        pass
+
+    def run(self, keep_engines=False):
         split = self.cfg.splits[0]
         if split in self.cells:
             return {split: self.cells[split]}
@@ -106,3 +112,40 @@ def test_a_resume_with_other_settings_is_one_line(monkeypatch, tmp_path, capsys)
     assert reproduce.main(["--row", "mine", "--model", "/ckpt/mine", "--out", str(tmp_path), "backend=openai"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "nframes 64 -> 32" in err[0]
+
+
+def test_the_cells_of_a_row_share_one_engine(monkeypatch, world, tiny_dir, tmp_path):
+    """Every split of a row runs on the engines its first cell started (one 8B server load per row, not
+    per split); they stop once the row is done."""
+    from paravt.eval import driver
+
+    built, stopped = [], []
+    real_build = driver.build_engine
+
+    def counting_build(*a, **kw):
+        h = real_build(*a, **kw)
+        built.append(h)
+        real_stop = h.stop
+        h.stop = lambda: stopped.append(h) or real_stop()
+        return h
+
+    monkeypatch.setattr(driver, "build_engine", counting_build)
+    row = {"row": "tiny", "model": str(tiny_dir), "prompt_mode": "agentic_general"}
+    defaults = [f"split_paths={{synthetic: {world}/local}}", "max_new_tokens=8", "progress=false", "limit=2",
+                "nframes=4", "max_turns=0"]
+    results, lost = reproduce.run_rows([row], ["synthetic", "synthetic"], defaults, str(tmp_path))
+    assert lost == [] and results["tiny"]["synthetic"]["n"] == 2
+    assert len(built) == 1 and stopped == built
+
+
+def test_engine_key_says_when_cells_may_share_a_server():
+    from paravt.eval.driver import engine_key
+
+    def cfg(*o):
+        return reproduce.load_config(reproduce.EvalConfig, None, ["model=/m", *o])
+
+    assert engine_key(cfg("prompt_mode=direct")) == engine_key(cfg("prompt_mode=agentic_general"))
+    assert engine_key(cfg("backend=openai", "server.launch=vllm", "channel=video_url", "nframes=32")) != \
+        engine_key(cfg("backend=openai", "server.launch=vllm", "channel=video_url", "nframes=64"))  # K set at launch
+    restart = ["backend=openai", "server.launch=sglang", "server.restart_between_datasets=true"]
+    assert engine_key(cfg(*restart)) != engine_key(cfg(*restart))
