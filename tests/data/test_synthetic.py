@@ -494,3 +494,50 @@ def test_direct_rows_teach_the_no_tools_arm_to_answer(tmp_path):
             assert score(text, ans, qtype).value == 1.0
     with pytest.raises(ValueError, match="direct_rows"):
         WorldConfig(direct_rows=1.5)
+
+
+def test_a_k_independent_tool_habit_and_skipped_calls_that_earn_nothing_for_free():
+    """sft_tool_rate=0.5: half of the cold start's rows call, by a coin that knows neither K nor whether
+    the overview shows the event; rows that skip answer from the overview and, where it missed the
+    event, guess: their answers are right about as often as chance, not always."""
+    from paravt.core.scoring import score
+    from paravt.core.video import overview_timestamps
+    from paravt.data.synthetic.traces import expert_trajectory, habit_calls
+    from paravt.data.synthetic.world import OVERVIEW_KS, QUESTION_TYPES, make_question
+    from paravt.core.seeding import py_rng
+
+    cfg = WorldConfig(seed=3, sft_tool_rate=0.5)
+    calls = {(k, v): [] for k in OVERVIEW_KS for v in (True, False)}
+    guessed = []
+    for i in range(150):
+        spec = make_spec(cfg, "train", i)
+        r = py_rng(cfg.seed, "questions", spec.id)
+        for ei, ev in enumerate(spec.events):
+            for qtype in QUESTION_TYPES:
+                q = make_question(spec, ev, qtype, r, cfg.mcq_options)
+                qid = f"{spec.id}_e{ei}_{qtype}"
+                k = r.choice(OVERVIEW_KS)
+                seen = any(ev.visible_at(t) for t in overview_timestamps(spec.num_frames, spec.fps, k))
+                call = habit_calls(cfg, qid)
+                traj = expert_trajectory(spec, q, k, cfg, call=call)
+                assert bool(traj["crops"]) == call
+                calls[(k, seen)].append(call)
+                if not call and not seen and qtype != "tvg":
+                    guessed.append(score(traj["turns"][-1], q["answer"], qtype, "f1").value)
+    rates = {key: sum(v) / len(v) for key, v in calls.items() if len(v) >= 20}
+    assert len(rates) >= 4 and all(0.35 < p < 0.65 for p in rates.values()), rates
+    assert len(guessed) >= 30 and 0.0 < sum(guessed) / len(guessed) < 0.5
+    assert habit_calls(WorldConfig(), "x") is None  # the expert's rule by default
+
+
+def test_rl_prompts_from_videos_the_cold_start_never_saw(tmp_path):
+    import pyarrow.parquet as pq
+
+    cfg = WorldConfig(seed=4, n_train_videos=2, n_eval_videos=1, n_rl_videos=2, perception_windows=0, reading_rows=0)
+    stats = build_world(tmp_path, cfg, progress=False)
+    sft = pq.read_table(tmp_path / "parquet/paravt_sft_synth.parquet").to_pylist()
+    rl = pq.read_table(tmp_path / "parquet/paravt_rl_synth.parquet").to_pylist()
+    sft_videos = {v["video"] for row in sft for v in row["videos"]}
+    rl_videos = {row["videos"][0]["video"] if isinstance(row.get("videos"), list) else row.get("video") for row in rl}
+    assert rl and stats["rl_videos"] == "rl" and not (sft_videos & rl_videos), (sft_videos, rl_videos)
+    assert all((tmp_path / "media" / v).is_file() for v in rl_videos)

@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="sub-agent reports name the colour, not the shape ('A yellow shape is visible ...')")
     p.add_argument("--system-mode", default=WorldConfig.system_mode,
                    help="system prompt of the expert main-agent traces (a mode of paravt.core.prompts)")
+    p.add_argument("--sft-tool-rate", type=float, default=WorldConfig.sft_tool_rate,
+                   help="fraction of SFT main rows that call tools, by a seeded coin independent of K and of the "
+                        "overview (default: call exactly when the overview misses the event)")
+    p.add_argument("--n-rl-videos", type=int, default=WorldConfig.n_rl_videos,
+                   help="videos whose questions are the RL prompts, unseen by the cold start (0: the SFT videos)")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")
     known, _ = p.parse_known_args(argv)
     p.set_defaults(**PRESETS[known.preset])

@@ -15,7 +15,7 @@ from paravt.core.seeding import py_rng
 from paravt.core.toolcall import format_tool_call
 from paravt.core.video import crop_timestamps, overview_timestamps
 from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
-from paravt.data.synthetic.world import QUESTION_TYPES, VideoSpec, WorldConfig, make_question, make_spec, restate
+from paravt.data.synthetic.world import COLOURS, QUESTION_TYPES, VideoSpec, WorldConfig, make_question, make_spec, restate
 
 
 def crop_times(spec: VideoSpec, s: float, e: float, cfg: WorldConfig) -> list[float]:
@@ -81,10 +81,16 @@ def _windows(duration: float, length: float) -> list[tuple[float, float]]:
     return [(round(i * step, 1), round(min(duration, (i + 1) * step), 1)) for i in range(n)]
 
 
-def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig) -> dict[str, Any]:
+def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig,
+                      call: bool | None = None) -> dict[str, Any]:
     """Assistant turns and tool responses of the expert for question ``q`` at overview budget k.
+    ``call`` (the cold start's habit, ``WorldConfig.sft_tool_rate``): None — call tools exactly when the
+    overview misses the event; True — always call (the overview's sighting, if any, is said and checked);
+    False — answer from the overview alone (:func:`overview_answer`).
 
     Returns {"turns": [assistant text, [tool texts], assistant text, ...], "crops": [(s, e), ...]}."""
+    if call is False:
+        return {"turns": [overview_answer(spec, q, k, cfg)], "crops": []}
     ev = next(e for e in spec.events if e.shape == q["shape"])
     ov = overview_timestamps(spec.num_frames, spec.fps, k) if k else []  # k = 0: no overview (reading rows)
     seen = [t for t in ov if ev.visible_at(t)]
@@ -127,7 +133,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         span = padded(a, b)
         turns.append(f"{THINK_PREFIX}{found(hits or [a, b])}\n</think>\n<answer>{_answer_text(q, span)}</answer>")
 
-    if seen:
+    if seen and call is None:
         at = where(seen)
         if q["question_type"] != "tvg":
             turns.append(f"{THINK_PREFIX}{lead(in_overview(at))} {_answer_sentence(q)}\n</think>\n"
@@ -146,7 +152,9 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     # shape_first: no "<shape> is" outside the sightings, so "The circle is" has one continuation to copy
     missing = (f"The overview frames show no {desc[4:]}." if shape_first
                else f"{desc.capitalize()} is not visible in the overview frames.")
-    if seen:  # tvg, sparse overview, no fine round: the coarse round looks again at 1 fps
+    if seen and call:  # the habit calls whatever the overview shows: the sighting is checked in the crops
+        missing = f"{in_overview(where(seen))[:-1]}; the crops will show it at 1 fps."
+    elif seen:  # tvg, sparse overview, no fine round: the coarse round looks again at 1 fps
         missing = f"{in_overview(where(seen))[:-1]}, but the frames are sparse."
     turns.append(f"{THINK_PREFIX}{lead(missing)} "
                  f"I will check {len(windows)} windows of the video in parallel.\n</think>\n{calls}")
@@ -168,6 +176,46 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
                 else f"{desc.capitalize()} is visible near {hits[0]:.1f} seconds.")
         fine_round(hits[0], hits[-1], near)
     return {"turns": turns, "crops": crops}
+
+
+def habit_calls(cfg: WorldConfig, qid: str) -> bool | None:
+    """Whether the cold start's row ``qid`` calls tools: None (the expert's rule: when the overview
+    misses the event) unless ``cfg.sft_tool_rate`` is set, then a coin of that probability seeded by
+    the world's seed and the row alone — independent of K and of what the overview shows."""
+    if cfg.sft_tool_rate is None:
+        return None
+    return py_rng(cfg.seed, "tool_habit", qid).random() < cfg.sft_tool_rate
+
+
+def overview_answer(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig) -> str:
+    """The main agent's one turn without a call (the agentic prompt, tools available but not used):
+    what the K overview frames show and the answer they support. An event the overview misses gets a
+    guess drawn from the question's seed — a wrong option, colour or span as often as chance makes it
+    — not the gold answer: skipping the tools must not be taught to pay where it cannot."""
+    ev = next(e for e in spec.events if e.shape == q["shape"])
+    ov = overview_timestamps(spec.num_frames, spec.fps, k)
+    seen = [t for t in ov if ev.visible_at(t)]
+    desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
+    if seen:
+        thought = f"In the overview {desc} is visible {where(seen)}."
+        if q["question_type"] == "tvg":
+            spacing = spec.duration / max(1, len(ov))
+            answer = _answer_text(q, tvg_span(cfg, spec.duration, seen[0], seen[-1], spacing / 2))
+        else:
+            thought += f" {_answer_sentence(q)}"
+            answer = _answer_text(q)
+        return f"{THINK_PREFIX}{restate(q)} {thought}\n</think>\n<answer>{answer}</answer>"
+    r = py_rng(cfg.seed, "overview_guess", spec.id, q["shape"], q["question_type"], k)
+    thought = f"{desc.capitalize()} is not visible in the overview frames. I will answer from them."
+    if q["question_type"] == "mcq":
+        answer = r.choice([chr(ord("A") + i) for i in range(len(q["options"]))])
+    elif q["question_type"] == "tvg":
+        length = q["span"][1] - q["span"][0]
+        s = round(r.uniform(0.0, max(0.0, spec.duration - length)), 1)
+        answer = _answer_text(q, (s, round(s + length, 1)))
+    else:
+        answer = r.choice(sorted(COLOURS))
+    return f"{THINK_PREFIX}{restate(q)} {thought}\n</think>\n<answer>{answer}</answer>"
 
 
 def direct_answer(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig) -> str:

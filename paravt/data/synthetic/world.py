@@ -98,8 +98,22 @@ class WorldConfig:
     # question's shape is the only one, so the answer needs no shape from the reports.
     report_shapes: bool = True
     system_mode: str = "agentic_general"
+    # The cold start's tool habit. None: the expert's rule, a row calls tools exactly when its K-frame
+    # overview misses the event (so the SFT policy's calls already depend on K). A rate p: each main
+    # row calls tools by a seeded coin with probability p, independent of K and of what the overview
+    # shows; a row that does not call answers from its overview, and where the overview missed the
+    # event it guesses (a seeded option, colour or span), never the gold answer for free. RL then has
+    # the K-dependence of calling to learn.
+    sft_tool_rate: float | None = None
+    # Videos whose questions are the RL prompts and that the cold start never saw (0: the RL prompts
+    # are the SFT videos' questions).
+    n_rl_videos: int = 0
 
     def __post_init__(self):
+        if self.sft_tool_rate is not None and not 0.0 <= self.sft_tool_rate <= 1.0:
+            raise ValueError(f"sft_tool_rate must be in [0, 1] or None, got {self.sft_tool_rate}")
+        if self.n_rl_videos < 0:
+            raise ValueError(f"n_rl_videos must be >= 0, got {self.n_rl_videos}")
         if not (0 < self.min_duration <= self.max_duration):
             raise ValueError(f"min_duration/max_duration: {self.min_duration}/{self.max_duration}")
         if not (1 <= self.min_events <= self.max_events <= len(SHAPES)):

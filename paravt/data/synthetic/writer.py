@@ -21,6 +21,7 @@ from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 from paravt.data.synthetic.traces import (
     direct_answer,
     expert_trajectory,
+    habit_calls,
     reading_rows,
     rl_record,
     sft_main_messages,
@@ -44,8 +45,9 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
     t0 = time.time()
     system = system_prompt(cfg.system_mode, DATA_TOOL_SCHEMAS)
     specs = {"train": [make_spec(cfg, "train", i) for i in range(cfg.n_train_videos)],
-             "eval": [make_spec(cfg, "eval", i) for i in range(cfg.n_eval_videos)]}
-    all_specs = specs["train"] + specs["eval"]
+             "eval": [make_spec(cfg, "eval", i) for i in range(cfg.n_eval_videos)],
+             "rl": [make_spec(cfg, "rl", i) for i in range(cfg.n_rl_videos)]}  # RL prompts the cold start never saw
+    all_specs = specs["train"] + specs["eval"] + specs["rl"]
     try:
         from tqdm import tqdm  # noqa: PLC0415
 
@@ -58,9 +60,11 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
             write_video(spec, path)
 
     sft, rl, ev_rows = [], [], []
-    n_sub = n_direct = 0
+    n_sub = n_direct = n_calling = 0
     direct_system = system_prompt("direct")
-    for split, rows in (("train", rl), ("eval", ev_rows)):
+    rl_split = "rl" if cfg.n_rl_videos else "train"
+    for split in ("train", "eval", "rl"):
+        rows = {"train": rl if rl_split == "train" else [], "eval": ev_rows, "rl": rl}[split]
         for spec in specs[split]:
             r = py_rng(cfg.seed, "questions", spec.id)
             for ei, ev in enumerate(spec.events):
@@ -71,7 +75,8 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
                     if split != "train":
                         continue
                     k = r.choice(OVERVIEW_KS)
-                    traj = expert_trajectory(spec, q, k, cfg)
+                    traj = expert_trajectory(spec, q, k, cfg, call=habit_calls(cfg, qid))
+                    n_calling += bool(traj["crops"])
                     sft.append({"id": qid, "kind": "main", "nframes": k,
                                 "messages": json.dumps(sft_main_messages(spec, q, k, traj, system)),
                                 "videos": [{"video": spec.rel_path}]})
@@ -101,7 +106,7 @@ def build_world(out: str | Path, cfg: WorldConfig | None = None, progress: bool 
     world = {"config": asdict(cfg), "videos": {s.id: asdict(s) for s in all_specs}}
     (out / "world.json").write_text(json.dumps(world, indent=1, sort_keys=True))
     stats = world_stats(specs, cfg)
-    stats.update({"sft_rows": len(sft), "perception_rows": len(perception), "reading_rows": len(reading), "sft_main_rows": len(sft) - n_sub - n_direct, "sft_direct_rows": n_direct,
+    stats.update({"sft_main_calling": n_calling, "rl_videos": "rl" if cfg.n_rl_videos else "train", "sft_rows": len(sft), "perception_rows": len(perception), "reading_rows": len(reading), "sft_main_rows": len(sft) - n_sub - n_direct, "sft_direct_rows": n_direct,
                   "sft_subagent_rows": n_sub,
                   "rl_rows": len(rl), "eval_rows": len(ev_rows), "build_seconds": round(time.time() - t0, 2),
                   "media_bytes": sum(p.stat().st_size for p in media.rglob("*.mp4"))})
