@@ -123,6 +123,12 @@ def rollout_metrics(trajs, rewards, ks, zero_std: float) -> dict[str, float]:
         m[f"reward_by_K/acc_K{k}"] = sum(rewards[i].acc for i in idx) / len(idx)
         m[f"tools_by_K/call_frequency_K{k}"] = sum(trajs[i].stats["tool_calls"] > 0 for i in idx) / len(idx)
         m[f"format_by_K/compliance_K{k}"] = sum(formed[i] for i in idx) / len(idx)
+        # what calling earned at this K: mean reward of the episodes that called minus those that did not
+        # (logged only when the step sampled both; the signal RL follows to make calling depend on K)
+        called = [rewards[i].total for i in idx if trajs[i].stats["tool_calls"] > 0]
+        skipped = [rewards[i].total for i in idx if trajs[i].stats["tool_calls"] == 0]
+        if called and skipped:
+            m[f"tools_by_K/call_payoff_K{k}"] = sum(called) / len(called) - sum(skipped) / len(skipped)
     return m
 
 

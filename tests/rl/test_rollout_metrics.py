@@ -25,3 +25,12 @@ def test_compliance_per_episode_turn_and_k():
     assert m["format/turn_compliance"] == 4 / 6  # one bad turn in a two-turn episode, one in a one-turn one
     assert m["format_by_K/compliance_K4"] == 0.5 and m["format_by_K/compliance_K64"] == 0.5
     assert m["tools_by_K/call_frequency_K4"] == 1.0 and m["tools_by_K/call_frequency_K64"] == 0.0
+
+
+def test_the_payoff_of_calling_per_k():
+    """reward of the episodes that called minus those that skipped, per K, only where both were sampled"""
+    trajs = [_traj(GOOD_CALL, GOOD_ANSWER, calls=1), _traj(GOOD_ANSWER), _traj(GOOD_ANSWER), _traj(GOOD_ANSWER)]
+    r = [SimpleNamespace(total=t, acc=0.0, format=0.0, tool=0.0, guarded=0.0) for t in (2.0, 0.5, 1.0, 1.5)]
+    m = rollout_metrics(trajs, r, [4, 4, 64, 64], 0.0)
+    assert m["tools_by_K/call_payoff_K4"] == 1.5
+    assert "tools_by_K/call_payoff_K64" not in m  # nobody called at K = 64
