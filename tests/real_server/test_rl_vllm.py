@@ -560,18 +560,24 @@ def test_killing_the_server_stops_the_run_with_a_checkpoint(sft_world, sft_check
 
 
 def test_two_servers_serve_and_hold_every_version(sft_world, sft_checkpoint, tmp_path):
-    """A cluster's shape at CPU size: two FSDP2 trainer ranks under torchrun, two rollout servers;
-    the weight group (trainer rank 0 + both servers) forms under torchrun and every push reaches both."""
+    """A cluster's shape at CPU size: two FSDP2 trainer ranks under torchrun (``run_rl.sh``, NPROC=2),
+    two rollout servers; the weight group (trainer rank 0 + both servers) forms under torchrun, every
+    push reaches both, and after each push the servers' logprobs are the trainer's (within 1e-4)."""
     out = tmp_path / "rl_two"
-    r = _run_rl(_rl_args(sft_world, sft_checkpoint, out, "max_steps=2", "save_every=2", "grpo.max_staleness=0",
+    r = _run_rl(_rl_args(sft_world, sft_checkpoint, out, "max_steps=3", "save_every=3", "grpo.max_staleness=0",
                          "rollout.replicas=2", "trainer.strategy=fsdp2", "rollout.weight_sync=broadcast"), nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = _metrics(out)
+    assert [m["step"] for m in rec] == [1, 2, 3]
     # both servers answered requests in every step (the pool sends each to the least loaded one) ...
     for m in rec:
         assert m["rollout/requests_server0"] > 0 and m["rollout/requests_server1"] > 0
-        # ... and after each push both said they hold the pushed version (the push checks /weight_info)
+        # ... after each push both said they hold the pushed version (the push checks /weight_info) ...
         assert m["rollout/version_min"] == m["rollout/version_max"] == m["step"] - 1
+        # ... and generated with exactly the weights pushed (every parameter arrived, in the right place)
+        assert m["rollout/logprob_gap_max"] < 1e-4, (m["step"], m["rollout/logprob_gap_max"])
+    share = [m["time/sync"] / m["time/step"] for m in rec if m.get("time/step")]
+    print("sync share of the step, two trainer ranks:", [f"{100 * x:.1f}%" for x in share])
 
 
 def test_servers_given_by_url_get_this_runs_weights_first(sft_world, sft_checkpoint, tmp_path):

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One seed of the RL-effects design on the embedded default: a cold start whose tool habit does not
+# depend on K (WorldConfig.sft_tool_rate: a seeded coin per SFT row; rows that skip guess where the
+# overview missed the event), RL prompts from videos the cold start never saw (n_rl_videos), RL with
+# 8 rollouts x 2 prompts a step through scripts/run_rl.sh, and sampled eval (several draws per
+# question at the rollout temperature) at K = 4 and K = 64 for SFT, vanilla GRPO and PARA-GRPO.
+#
+#   bash experiments/rl_effects_pilot.sh [OUT_DIR]          (default runs/rl_effects_pilot)
+#   SEED, TOOL_RATE (0.5), RL_VIDEOS (40), RL_STEPS (60), LR (1e-4), N_SAMPLES (8), PROMPTS (2),
+#   EVAL_Q (40 questions), DRAWS (4 per question), and the quickstart's sizes for the cold start.
+#
+# Writes OUT_DIR/pilot_summary.json and prints, per model and K: score, P(call), the score of the
+# episodes that called and of those that did not. One seed: an effect needs three (reproduce_tiny.sh).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n 2,14p "$0"; exit 0; fi
+OUT="${1:-runs/rl_effects_pilot}"
+SEED="${SEED:-0}"; RATE="${TOOL_RATE:-0.5}"; RL_VIDEOS="${RL_VIDEOS:-40}"; RL_STEPS="${RL_STEPS:-60}"
+LR="${LR:-1e-4}"; N="${N_SAMPLES:-8}"; P="${PROMPTS:-2}"; EVAL_Q="${EVAL_Q:-40}"; DRAWS="${DRAWS:-4}"
+
+# 1. The cold start: the quickstart's stages up to SFT, on a world with the habit and its own RL videos.
+WORLD_FLAGS="${WORLD_FLAGS:-} --sft-tool-rate $RATE --n-rl-videos $RL_VIDEOS" QUICKSTART_STOP_AFTER=sft SEED="$SEED" \
+  bash scripts/quickstart.sh "$OUT"
+source .venv-cpu/bin/activate
+CROP=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config']['crop_max_frames'])" "$OUT/world/world.json")
+
+# 2. Both RL arms from the same checkpoint, as users launch them.
+for RUN in vanilla paragrpo; do
+  RECIPE=configs/rl/tiny.yaml; [[ $RUN == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
+  [[ -e "$OUT/rl_$RUN/final/config.json" ]] && continue
+  NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
+    "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED" \
+    grpo.n_samples="$N" grpo.prompts_per_step="$P" optim.lr="$LR" hierarchical_agent.crop.max_frames="$CROP" \
+    logging.progress=false
+done
+
+# 3. Sampled eval: the policies' distributions at the rollout temperature, not their greedy modes.
+BASE=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_Q" "overview=paravt" "resume=auto"
+      "concurrency=64" "progress=false" "temperature=1.0" "samples_per_question=$DRAWS" "sample_seed=$SEED"
+      "max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64" "crop.max_frames=$CROP")
+for K in 4 64; do
+  python -m paravt.eval.driver row="sft-K$K" model="$OUT/sft/final" nframes=$K "${BASE[@]}" > "$OUT/eval_sft_K$K.log" 2>&1
+  python -m paravt.eval.driver row="vanilla-K$K" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${BASE[@]}" \
+    > "$OUT/eval_vanilla_K$K.log" 2>&1
+  python -m paravt.eval.driver row="paragrpo-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${BASE[@]}" \
+    > "$OUT/eval_paragrpo_K$K.log" 2>&1
+done
+
+python - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+stats = json.loads((out / "world/world_stats.json").read_text())
+res = {"sft_main_calling": stats.get("sft_main_calling"), "sft_main_rows": stats.get("sft_main_rows"), "cells": {}}
+for m in ("sft", "vanilla", "paragrpo"):
+    for k in (4, 64):
+        s = json.loads((out / f"eval/{m}-K{k}/image_url/synthetic.json").read_text())
+        res["cells"][f"{m}-K{k}"] = {"score": s["score"], "p_call": s["tool_usage_rate"], "calling": s["calling"],
+                                     "skipping": s["skipping"], "compliance": s["format_compliance"],
+                                     "episodes": s["n"], "questions": s.get("questions"), "lost": s["lost"]}
+        c = res["cells"][f"{m}-K{k}"]
+        f = lambda v: "  -  " if v is None else f"{100 * v:5.1f}"
+        print(f"{m:9s} K={k:<3d} score {f(c['score'])}  P(call) {f(c['p_call'])}  calling {f(c['calling']['score'])} "
+              f"(n={c['calling']['n']})  skipping {f(c['skipping']['score'])} (n={c['skipping']['n']})")
+for m in ("vanilla", "paragrpo"):
+    for k in (4, 64):
+        log = [json.loads(x) for x in (out / f"rl_{m}/metrics.jsonl").read_text().splitlines() if x.strip()]
+        key = f"tools_by_K/call_frequency_K{k}"
+        vals = [r[key] for r in log if key in r]
+        if vals:
+            fifth = max(1, len(vals) // 5)
+            res.setdefault("training", {})[f"{m}-K{k}"] = {"call_first_fifth": sum(vals[:fifth]) / fifth,
+                                                           "call_last_fifth": sum(vals[-fifth:]) / fifth}
+(out / "pilot_summary.json").write_text(json.dumps(res, indent=2))
+print(json.dumps(res.get("training", {}), indent=1))
+PY
