@@ -175,7 +175,16 @@ def destroy_weight_group(group) -> None:
 
 class GatherError(RuntimeError):
     """A bucket's gathers (collectives of every trainer rank) failed on this rank: the ranks' collectives
-    are out of step from here on, so nothing collective (a drain, a checkpoint) may follow."""
+    are out of step from here on, so nothing collective (a drain, a checkpoint) may follow.
+    ``from_peer``: the failure is another rank's (its connection closed mid-collective), not this one's."""
+
+    def __init__(self, message: str, from_peer: bool = False):
+        super().__init__(message)
+        self.from_peer = from_peer
+
+
+#: How a collective reports that another rank went away (gloo's TCP transport, NCCL's abort).
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker", "communicator was aborted")
 
 
 class WeightBuckets:
@@ -215,7 +224,8 @@ class WeightBuckets:
             return self._gather(i)
         except Exception as exc:  # noqa: BLE001 - named, with its bucket, for the trainer's abort line
             raise GatherError(f"gathering bucket {i + 1}/{len(self.plan)}: {type(exc).__name__}: "
-                              f"{' '.join(str(exc).split())[:300]}") from exc
+                              f"{' '.join(str(exc).split())[:300]}",
+                              from_peer=any(m in str(exc) for m in PEER_GONE)) from exc
 
     def _out(self, i: int, tensors: Sequence[torch.Tensor]) -> dict:
         if not self.buffers or not tensors:

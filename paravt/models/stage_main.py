@@ -23,28 +23,31 @@ class RunAborted(RuntimeError):
 
     exit_code = 3
 
-    def __init__(self, message: str, collectives_broken: bool = False):
+    def __init__(self, message: str, collectives_broken: bool = False, consequence: bool = False):
         super().__init__(message)
         # True when this rank left a collective the others still wait in: it must exit without
         # tearing the group down (that would wait for them); torchrun then ends the others.
         self.collectives_broken = collectives_broken
+        # True when this rank stopped because another rank went away (its line is not the cause)
+        self.consequence = consequence
 
 
 ABORT_FILE_ENV = "PARAVT_ABORT_FILE"
 
 
-def report_abort(code: int, line: str) -> None:
+def report_abort(code: int, line: str, cause: bool = True) -> None:
     """Record a deliberate stop (bad input, lost work) for the launcher: ``code<TAB>line`` in the file
     ``$PARAVT_ABORT_FILE`` names (set by ``scripts/_common.sh:torchrun_supervised``). Rank 0's line
     wins (it names the cause; the others only say rank 0 failed): rank 0 replaces the file, another
-    rank writes it only while it does not exist. torchrun restarts a group whose worker failed; the
+    rank writes it only while it does not exist — and so does rank 0 when ``cause`` is False (it stopped
+    because another rank went away, whose line names the cause). torchrun restarts a group whose worker failed; the
     restarted workers see the file and end at once (:func:`stopped_on_purpose`), and the launcher exits
     with ``code`` and ``line`` instead of resuming a run that stopped itself."""
     path = os.environ.get(ABORT_FILE_ENV)
     if not path:
         return
     text = f"{int(code)}\t{' '.join(line.split())}\n"
-    if int(os.environ.get("RANK", 0)) == 0:
+    if int(os.environ.get("RANK", 0)) == 0 and cause:
         tmp = f"{path}.rank0"
         with open(tmp, "w") as f:
             f.write(text)
@@ -76,7 +79,8 @@ def end_stopped_run(exc: Exception, prog: str, is_main: bool):
     broken = getattr(exc, "collectives_broken", False)
     if is_main or isinstance(exc, DataError) or broken:  # a broken rank names its own cause
         print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
-    report_abort(code, f"{prog}: {exc}")
+    # a rank stopped by another's failure never replaces that rank's line (rank 0's otherwise wins)
+    report_abort(code, f"{prog}: {exc}", cause=not getattr(exc, "consequence", False))
     if broken:
         logging.shutdown()
         os._exit(code)

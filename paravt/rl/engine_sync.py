@@ -88,7 +88,8 @@ class RolloutEngineMixin:
                 # resumes the run.
                 raise RunAborted(f"rank {self.d.rank}: the weight push of version {version} failed {exc}; the "
                                  f"trainer ranks' collectives are out of step, so the newest complete checkpoint "
-                                 f"(resume=auto) is where the run continues", collectives_broken=True) from None
+                                 f"(resume=auto) is where the run continues", collectives_broken=True,
+                                 consequence=exc.from_peer) from None
         else:
             path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d,
                                       dtype=dtype)

@@ -19,3 +19,13 @@ def test_without_a_launcher_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     report_abort(2, "bad input")
     assert not stopped_on_purpose() and list(tmp_path.iterdir()) == []
+
+
+def test_rank_0_stopped_by_another_ranks_failure_keeps_that_ranks_line(tmp_path, monkeypatch):
+    f = tmp_path / "abort"
+    monkeypatch.setenv("PARAVT_ABORT_FILE", str(f))
+    monkeypatch.setenv("RANK", "1")
+    report_abort(3, "rank 1: out of memory gathering bucket 3/3")
+    monkeypatch.setenv("RANK", "0")
+    report_abort(3, "rank 0: connection closed by peer", cause=False)
+    assert f.read_text() == "3\trank 1: out of memory gathering bucket 3/3\n"
