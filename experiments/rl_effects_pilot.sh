@@ -36,7 +36,9 @@ for RUN in vanilla paragrpo; do
 done
 
 # 3. Sampled eval: the policies' distributions at the rollout temperature, not their greedy modes.
+# max_new_tokens as in training (the driver's default, 2048, lets a sampled tiny model ramble for minutes)
 BASE=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_Q" "overview=paravt" "resume=auto"
+      "max_new_tokens=${EVAL_TOKENS:-320}"
       "concurrency=64" "progress=false" "temperature=1.0" "samples_per_question=$DRAWS" "sample_seed=$SEED"
       "max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64" "crop.max_frames=$CROP")
 for K in 4 64; do
