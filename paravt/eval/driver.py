@@ -123,7 +123,6 @@ class Evaluator:
             h.stop()
         self.handles, self.engine = [], None
 
-    _stop_servers = stop_engines
 
     async def _split_then_close(self, split: str) -> dict[str, Any]:
         """One split on this event loop; the clients' HTTP sessions close with it."""
@@ -305,9 +304,9 @@ class Evaluator:
                 results[split] = {"error": " ".join(str(exc).split())}
             finally:
                 if self.cfg.server.restart_between_datasets and self.cfg.server.launch != "none":
-                    self._stop_servers()
+                    self.stop_engines()
         if not keep_engines:
-            self._stop_servers()
+            self.stop_engines()
         all_path = Path(self.cfg.out) / "summary_all.json"
         merged = json.loads(all_path.read_text()) if all_path.exists() else {}
         merged.setdefault(self.cfg.row, {})[self.cfg.channel] = results
