@@ -52,6 +52,8 @@ class EngineHandle:
     broadcaster: Any = None  # BroadcastPush: the weight group of a run with rollout.weight_sync=broadcast
     control_timeout_s: float = 30.0  # pause / version / cache / resume requests of a push
     load_timeout_s: float = 600.0  # one server's weight load (disk) or a push's whole transfer (broadcast)
+    verify_first_push: bool = False  # SGLang: account for every parameter on each server's first push
+    verified: set[str] = field(default_factory=set)  # servers whose first push was accounted for
 
     def __post_init__(self):
         if not self.urls and self.url:
@@ -77,6 +79,7 @@ class EngineHandle:
                     if self.broadcaster is None:
                         raise EngineError("broadcast weight sync needs EngineHandle.broadcaster (rollout.weight_sync)")
                     await self.broadcaster.push(controls, self.urls, source, version)
+                    self.verified.update(self.urls)
                 else:
                     await asyncio.gather(*(c.update_weights(str(source), version) for c in controls))
                 if self.kind == "vllm":  # every server says it holds the version just pushed
@@ -103,7 +106,8 @@ class EngineHandle:
         from paravt.engines.sglang import SGLangEngine  # noqa: PLC0415
 
         return SGLangEngine(url, server=self._server_at(url), image_token_id=self.image_token_id,
-                            request_timeout_s=self.load_timeout_s, max_retries=1)
+                            request_timeout_s=self.load_timeout_s, max_retries=1,
+                            verify_push=self.verify_first_push and url not in self.verified)
 
     def _server_at(self, url: str):
         """The launched server process behind ``url`` (None for servers this run did not start)."""

@@ -168,6 +168,10 @@ class RolloutConfig:
     # ends the run: one line, exit 3, a checkpoint. Also bounds a disk reload.
     sync_timeout_s: float = 300.0
     control_timeout_s: float = 30.0  # pause / version / cache / resume requests of a push
+    # SGLang, broadcast: each server's first push accounts for every tensor with SGLang's own
+    # /weights_checker (reset every tensor to noise, checksum, push, checksum: one still equal was not
+    # written; the run stops naming it). vLLM checks every push in its worker (vllm_worker.py).
+    verify_first_push: bool = True
     batch_wait_s: float = 0.03  # in-process engine: requests arriving this close are batched
     dtype: str = "float32"  # in-process / hf_server engine dtype
     # Lost work: a prompt whose episodes failed (video does not decode, engine/server/tool failure) is

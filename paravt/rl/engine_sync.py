@@ -48,6 +48,7 @@ class RolloutEngineMixin:
                                    log_file=self.out / "rollout_server.log", weight_version=self.global_step)
         self.handle.control_timeout_s = r.control_timeout_s
         self.handle.load_timeout_s = r.sync_timeout_s
+        self.handle.verify_first_push = r.verify_first_push
         if self.cfg.sync_mode() == "broadcast":
             from paravt.engines.weight_push import BroadcastPush  # noqa: PLC0415
 

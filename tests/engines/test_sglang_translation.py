@@ -74,3 +74,19 @@ def test_parse_generate_response():
 def test_weight_update_payloads():
     assert update_from_disk_payload("/ckpt/step10", 10) == {"model_path": "/ckpt/step10", "weight_version": "10",
                                                              "flush_cache": True}
+
+
+def test_weights_checker_answers_become_per_tensor_checksums_one_set_per_tp_rank():
+    from paravt.engines.base import EngineError
+    from paravt.engines.sglang_protocol import checksums, unwritten
+
+    one = {"success": True, "ranks": [{"checksums": {"a": "1", "b": "2"}, "per_gpu_checksum": "x",
+                                       "parallelism_info": [{"role": "target", "tp_rank": 0}]}]}
+    assert checksums(one) == {"a": "1", "b": "2"}
+    two = {"ranks": [{"checksums": {"a": "1"}}, {"checksums": {"a": "9"}}]}
+    assert checksums(two) == {"a@rank0": "1", "a@rank1": "9"}  # each rank's shard of "a" checked on its own
+    with pytest.raises(EngineError, match="no checksums"):
+        checksums({"success": True, "message": "Success."})
+    # reset to noise, then pushed: a tensor whose checksum did not move was not written
+    assert unwritten({"a": "1", "b": "2", "c": "3"}, {"a": "7", "b": "2", "c": "8"}) == ["b"]
+    assert unwritten({"a": "1"}, {}) == []  # a tensor gone from the answer is not reported as unwritten
