@@ -8,16 +8,27 @@
 #   bash experiments/rl_effects_pilot.sh [OUT_DIR]          (default runs/rl_effects_pilot)
 #   SEED, TOOL_RATE (0.5), RL_VIDEOS (40), RL_STEPS (60), LR (1e-4), N_SAMPLES (8), PROMPTS (2),
 #   EVAL_Q (40 questions), DRAWS (4 per question), and the quickstart's sizes for the cold start.
+#   SHARE_FROM=DIR: take the tiny model, the world and the perception base from another seed's OUT_DIR
+#   (one base model for every seed, as the paper has one Qwen3-VL-8B; seeds then differ in SFT, RL and eval).
 #
 # Writes OUT_DIR/pilot_summary.json and prints, per model and K: score, P(call), the score of the
 # episodes that called and of those that did not. One seed: an effect needs three (reproduce_tiny.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n 2,14p "$0"; exit 0; fi
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n 2,15p "$0"; exit 0; fi
 OUT="${1:-runs/rl_effects_pilot}"
 SEED="${SEED:-0}"; RATE="${TOOL_RATE:-0.5}"; RL_VIDEOS="${RL_VIDEOS:-40}"; RL_STEPS="${RL_STEPS:-60}"
 LR="${LR:-1e-4}"; N="${N_SAMPLES:-8}"; P="${PROMPTS:-2}"; EVAL_Q="${EVAL_Q:-40}"; DRAWS="${DRAWS:-4}"
+
+if [[ -n "${SHARE_FROM:-}" ]]; then
+  SHARE="$(cd "$SHARE_FROM" && pwd)"
+  mkdir -p "$OUT"
+  for D in tiny_model world perception; do
+    [[ -e "$SHARE/$D" ]] || { echo "SHARE_FROM: $SHARE/$D does not exist (run that seed first)" >&2; exit 2; }
+    [[ -e "$OUT/$D" ]] || ln -s "$SHARE/$D" "$OUT/$D"
+  done
+fi
 
 # 1. The cold start: the quickstart's stages up to SFT, on a world with the habit and its own RL videos.
 WORLD_FLAGS="${WORLD_FLAGS:-} --sft-tool-rate $RATE --n-rl-videos $RL_VIDEOS" QUICKSTART_STOP_AFTER=sft SEED="$SEED" \
