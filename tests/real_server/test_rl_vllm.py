@@ -365,6 +365,80 @@ def test_a_push_during_generation_keeps_each_output_on_its_own_version(rollout_s
         h.stop()
 
 
+def test_a_queue_of_requests_across_several_pushes_loses_none(rollout_server, prompt, sft_checkpoint, tmp_path):
+    """Rollouts keep arriving while the trainer pushes three versions in a row (B, A, B): a feeder keeps
+    four requests in flight the whole time and two more are sent while each push holds the server
+    paused. Every request ends with tokens (none refused, none retried into a failure), none carries a
+    version older than the last push that had finished when it was sent, every pushed version serves
+    at least one request, and one output per version re-scores under that version's weights.
+
+    Ordered by the server's state (/metrics, /is_paused), never by sleeps."""
+    from paravt.engines.base import SamplingParams
+    from paravt.models.tiny import build_tiny
+
+    ids, images, proc = prompt
+    other = tmp_path / "b"
+    build_tiny(other, seed=1)
+    h = _handle([rollout_server], proc)
+    url = rollout_server.cfg.url
+    pushes = [(41, other), (42, sft_checkpoint), (43, other)]
+    weights = {v: d for v, d in pushes}
+    try:
+        _broadcast(h, sft_checkpoint, 40)
+        weights[40] = sft_checkpoint
+
+        async def go():
+            eng = _engine(rollout_server, proc)
+            eng.weight_version = 40
+            sent: list[tuple[int, asyncio.Future]] = []  # (newest version live when sent, request)
+            live = [40]
+            done = asyncio.Event()
+
+            def send(seed: int, n: int) -> asyncio.Future:
+                f = asyncio.ensure_future(eng.generate(ids, images, SamplingParams(
+                    temperature=0.7, max_new_tokens=n, seed=seed)))
+                sent.append((live[0], f))
+                return f
+
+            async def feeder():
+                while not done.is_set():
+                    if sum(not f.done() for _, f in sent) < 4:
+                        send(len(sent), 32)
+                    await asyncio.sleep(0.01)
+
+            feed = asyncio.ensure_future(feeder())
+            try:
+                for version, model_dir in pushes:
+                    await _until(lambda: _running(url), f"requests running before push {version}")
+                    push = asyncio.ensure_future(asyncio.to_thread(_broadcast, h, model_dir, version))
+                    await _until(lambda: _paused(url, push), f"push {version} pausing the server (/is_paused)")
+                    late = [send(1000 + 10 * version + i, 16) for i in range(2)]
+                    await push
+                    live[0] = version
+                    await asyncio.gather(*late)
+                done.set()
+                await feed
+                return [(v, await f) for v, f in sent]
+            finally:
+                done.set()
+                await eng.close()
+
+        outs = asyncio.run(go())
+        errors = [o.error for _, o in outs if o.error or not o.token_ids]
+        assert not errors, f"{len(errors)} of {len(outs)} requests lost: {errors[:3]}"
+        stale = [(v, o.weight_version) for v, o in outs if o.weight_version < v]
+        assert not stale, f"outputs older than the version live when they were sent: {stale}"
+        served = {o.weight_version for _, o in outs}
+        assert {41, 42, 43} <= served <= {40, 41, 42, 43}, served
+        for v in sorted(served):
+            o = min((o for _, o in outs if o.weight_version == v), key=lambda o: len(o.token_ids))
+            assert _rescore_gap(weights[v], prompt, o, 0.7) < 1e-4, v
+        print(f"{len(outs)} requests across 3 pushes, none lost; served versions {sorted(served)}")
+    finally:
+        _broadcast(h, sft_checkpoint, 44)  # the module's server holds A again for the tests after this one
+        h.stop()
+
+
 def test_a_version_missing_a_parameter_is_refused_naming_it(prompt, sft_checkpoint, tmp_path):
     """A push whose buckets lack one of the served model's parameters would leave the server serving a
     mix of two policies: the worker applies vLLM's own checkpoint rule (every parameter written) and
