@@ -1,0 +1,68 @@
+"""The across-seed effects report of the RL-effects design (python -m paravt.eval.effects)."""
+
+import json
+
+import pytest
+
+from paravt.eval.effects import effects, main, markdown
+
+
+def _write(run, row, draws):
+    """draws: {question: [(score, calls), ...]} as the eval driver's sampled records."""
+    p = run / "eval" / row / "image_url"
+    p.mkdir(parents=True)
+    with open(p / "synthetic.jsonl", "w") as f:
+        for q, ds in draws.items():
+            for j, (score, calls) in enumerate(ds):
+                f.write(json.dumps({"id": f"{q}#s{j}", "score": score, "tool_calls": calls}) + "\n")
+
+
+def _seed(tmp_path, s, para_k4_call):
+    """SFT calls half the time at either K; vanilla never calls; PARA calls at K = 4 with probability
+    ``para_k4_call`` and then answers right, never at K = 64."""
+    run = tmp_path / f"s{s}"
+    qs = [f"q{i}" for i in range(10)]
+    half = [(1.0, 2), (0.0, 0)]
+    _write(run, "sft-K4", {q: half for q in qs})
+    _write(run, "sft-K64", {q: half for q in qs})
+    _write(run, "vanilla-K4", {q: [(0.0, 0), (0.0, 0)] for q in qs})
+    _write(run, "vanilla-K64", {q: [(1.0, 0), (1.0, 0)] for q in qs})
+    n_call = int(round(para_k4_call * 10))
+    _write(run, "paragrpo-K4", {q: [(1.0, 1), (1.0, 1)] if i < n_call else [(0.0, 0), (0.0, 0)]
+                                for i, q in enumerate(qs)})
+    _write(run, "paragrpo-K64", {q: [(1.0, 0), (1.0, 0)] for q in qs})
+    return run
+
+
+def test_effects_are_paired_per_question_and_judged_against_the_fixed_criteria(tmp_path):
+    runs = [_seed(tmp_path, s, p) for s, p in enumerate((0.8, 0.6, 0.7))]
+    res = effects(runs, n_boot=500)
+    e = res["effects"]
+    assert e["para_vs_vanilla_K4"]["per_seed"] == pytest.approx([80, 60, 70])
+    assert e["para_vs_vanilla_K4"]["mean"] == pytest.approx(70)
+    assert e["para_vs_sft_K4"]["mean"] == pytest.approx(20)  # SFT scores 50 at K = 4
+    assert e["para_vs_vanilla_K64"]["mean"] == pytest.approx(0)
+    assert e["gap_sft"]["mean"] == pytest.approx(0) and e["gap_vanilla"]["mean"] == pytest.approx(0)
+    assert e["gap_paragrpo"]["mean"] == pytest.approx(70)
+    assert 10 < e["gap_paragrpo"]["lo"] < 70 < e["gap_paragrpo"]["hi"] <= 100  # questions resampled too
+    assert res["checks"] == {"E1": True, "E2_precondition": True, "E2": True}
+    assert "**holds**" in markdown(res) and "not an acceptance run" not in markdown(res)
+
+
+def test_an_effect_that_does_not_appear_is_reported_as_such(tmp_path):
+    runs = [_seed(tmp_path, s, 0.1) for s in range(2)]  # PARA calls on 1 of 10 questions at K = 4
+    res = effects(runs, n_boot=200)
+    assert res["checks"]["E2"] is False and res["effects"]["gap_paragrpo"]["mean"] == pytest.approx(10)
+    md = markdown(res)
+    assert "E2 (PARA's gap" in md and "**does not hold**" in md and "not an acceptance run" in md
+
+
+def test_a_missing_cell_or_a_lost_draw_is_one_line_and_a_failing_exit(tmp_path, capsys):
+    run = _seed(tmp_path, 0, 0.5)
+    with open(run / "eval/sft-K4/image_url/synthetic.jsonl", "a") as f:
+        f.write(json.dumps({"id": "q0#s9", "error": "server gone"}) + "\n")
+    assert main([str(run), "--n-boot", "50"]) == 1
+    assert "1 draw(s) failed" in capsys.readouterr().out
+    assert main([str(tmp_path / "nope"), "--n-boot", "50"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope/eval/sft-K4" in err[0]
