@@ -10,6 +10,10 @@
 # Resumable: finished stages of each seed are reused (rerun the same command). Each seed takes ~30-34 min on
 # 2 cores plus the fragility runs (~25 min); the world is built once and shared.
 # Writes OUT/seed_<s>/ (a quickstart run each, its report.md) and OUT/report.md (python -m paravt.eval.seeds).
+#   EFFECTS=1: instead, the RL-effects design per seed (experiments/rl_effects_pilot.sh: a cold start with a
+#     K-independent tool habit, RL on videos it never saw, sampled eval at K = 4 and 64), the first seed's base
+#     model and world shared by the others, then OUT/effects.md (python -m paravt.eval.effects: E1, E2 with
+#     intervals, judged against the criteria in its docstring). Its own knobs (TOOL_RATE, RL_STEPS, LR, ...) apply.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 for a in "$@"; do
@@ -19,6 +23,18 @@ OUT="${1:-$ROOT/runs/reproduce_tiny}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 SEEDS=(${SEEDS:-0 1 2})
+if [[ "${EFFECTS:-0}" == 1 ]]; then
+  RUNS=()
+  for S in "${SEEDS[@]}"; do
+    echo "=== RL effects, seed $S -> $OUT/seed_$S ==="
+    SHARE=""; [[ "$S" != "${SEEDS[0]}" ]] && SHARE="$OUT/seed_${SEEDS[0]}"
+    SEED="$S" SHARE_FROM="$SHARE" bash "$ROOT/experiments/rl_effects_pilot.sh" "$OUT/seed_$S"
+    RUNS+=("$OUT/seed_$S")
+  done
+  source "$ROOT/scripts/_common.sh" cpu
+  cd "$ROOT"
+  exec python -m paravt.eval.effects "${RUNS[@]}" --out "$OUT/effects.md"
+fi
 export WORLD_SEED="${WORLD_SEED:-0}"
 export RL_STEPS="${RL_STEPS:-20}" EVAL_LIMIT="${EVAL_LIMIT:-120}"
 FIRST="${SEEDS[0]}"
