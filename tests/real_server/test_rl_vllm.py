@@ -341,23 +341,34 @@ def test_a_push_during_generation_keeps_each_output_on_its_own_version(rollout_s
             eng = _engine(rollout_server, proc)
             eng.weight_version = 31
             try:
-                early = [asyncio.ensure_future(eng.generate(ids, images, SamplingParams(
-                    temperature=0.7, max_new_tokens=96, seed=i))) for i in range(6)]
-                await _until(lambda: _running(url), "early requests running (vllm:num_requests_running)")
+                early: list[asyncio.Future] = []
+
+                async def early_running() -> bool:
+                    """True once /metrics shows early requests running; a batch that ended unseen (short
+                    answers, a slow /metrics) is followed by another, so no machine speed skips the case."""
+                    if early and await _running(url):
+                        return True
+                    if all(f.done() for f in early):
+                        early.extend(asyncio.ensure_future(eng.generate(ids, images, SamplingParams(
+                            temperature=0.7, max_new_tokens=96, seed=len(early) + i))) for i in range(6))
+                    return False
+
+                await _until(early_running, "early requests running (vllm:num_requests_running)")
                 push = asyncio.ensure_future(asyncio.to_thread(_broadcast, h, other, 32))
                 await _until(lambda: _paused(url, push), "the push pausing the server (/is_paused)")
                 late = [asyncio.ensure_future(eng.generate(ids, images, SamplingParams(
                     temperature=0.7, max_new_tokens=24, seed=50 + i))) for i in range(4)]
                 await push
-                return await asyncio.gather(*early, *late)
+                return await asyncio.gather(*early), await asyncio.gather(*late)
             finally:
                 await eng.close()
 
-        outs = asyncio.run(go())
+        early_outs, late_outs = asyncio.run(go())
+        outs = early_outs + late_outs
         assert not [o.error for o in outs if o.error]
-        versions = [o.weight_version for o in outs]
         # early requests were running on 31 when the push began; late ones were sent once it had paused
-        assert 31 in versions[:6] and set(versions[6:]) == {32}, versions
+        early_v, late_v = [o.weight_version for o in early_outs], [o.weight_version for o in late_outs]
+        assert 31 in early_v and set(late_v) == {32}, (early_v, late_v)
         for o in outs:
             assert _rescore_gap(weights[o.weight_version], prompt, o, 0.7) < 1e-4, o.weight_version
     finally:
