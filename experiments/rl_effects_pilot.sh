@@ -36,12 +36,12 @@ WORLD_FLAGS="${WORLD_FLAGS:-} --sft-tool-rate $RATE --n-rl-videos $RL_VIDEOS" QU
 source .venv-cpu/bin/activate
 CROP=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config']['crop_max_frames'])" "$OUT/world/world.json")
 
-# 2. Both RL arms from the same checkpoint, as users launch them.
+# 2. Both RL arms from the same checkpoint, as users launch them (a checkpoint every 20 steps: a rerun resumes).
 for RUN in vanilla paragrpo; do
   RECIPE=configs/rl/tiny.yaml; [[ $RUN == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
   [[ -e "$OUT/rl_$RUN/final/config.json" ]] && continue
   NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
-    "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED" \
+    "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every=20 seed="$SEED" \
     grpo.n_samples="$N" grpo.prompts_per_step="$P" optim.lr="$LR" hierarchical_agent.crop.max_frames="$CROP" \
     logging.progress=false
 done
