@@ -83,13 +83,13 @@ def _manager(log: list):
     return mgr, io
 
 
-def _module_function(name: str, namespace: dict):
+def _module_function(name: str, namespace: dict, rel: str = UPDATER):
     import ast
     import textwrap
 
     from tests.conformance.server_source import package_dir
 
-    path = package_dir("sglang") / UPDATER
+    path = package_dir("sglang") / rel
     src = path.read_text()
     node = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name)
     ns = dict(namespace)
@@ -247,9 +247,10 @@ def _wheel_module(rel: str, namespace: dict) -> dict:
 
 
 def _weight_checker(model):
-    flatten = _module_function_at("srt/utils/common.py", "flatten_nested_list", {})
-    tensor_hash = _module_function_at("srt/managers/mm_utils.py", "tensor_hash", {
-        "torch": torch, "hashlib": __import__("hashlib"), "flatten_nested_list": flatten, "gpu_tensor_hash": None})
+    flatten = _module_function("flatten_nested_list", {}, "srt/utils/common.py")
+    tensor_hash = _module_function("tensor_hash", {
+        "torch": torch, "hashlib": __import__("hashlib"), "flatten_nested_list": flatten, "gpu_tensor_hash": None},
+        "srt/managers/mm_utils.py")
     quant = {n: type(n, (), {}) for n in ("Fp8LinearMethod", "Fp8MoEMethod", "ModelOptFp4LinearMethod",
                                           "ModelOptNvFp4FusedMoEMethod")}  # no module here is quantized
     comparator = _wheel_module("srt/utils/weight_checker_comparator.py", {
@@ -261,20 +262,6 @@ def _weight_checker(model):
         **{k: comparator[k] for k in ("CHUNK_NUMEL", "ComparableWeight", "RawComparable", "compare_weights",
                                       "select_comparable_weight")}})
     return checker, checker["WeightChecker"](get_model=lambda: model)
-
-
-def _module_function_at(rel: str, name: str, namespace: dict):
-    import ast
-    import textwrap
-
-    from tests.conformance.server_source import package_dir
-
-    path = package_dir("sglang") / rel
-    src = path.read_text()
-    node = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name)
-    ns = dict(namespace)
-    exec(compile(textwrap.dedent(ast.get_source_segment(src, node)), f"{path}:{name}", "exec"), ns)  # noqa: S102
-    return ns[name]
 
 
 SHAPES = {m.name: tuple(m.shape) for bucket in PLAN for m in bucket}
@@ -341,7 +328,7 @@ def _run_checked(model, pushes):
         runner.check_weights = lambda **kw: delegate(runner, **kw)
         structs = load_structs("sglang", "srt/managers/io_struct.py", [
             "ParallelismInfo", "ChecksumInfo", "CheckWeightsReqInput", "CheckWeightsReqOutput"])
-        merge = _module_function_at(UPDATER, "_merge_checksum_payloads", {
+        merge = _module_function("_merge_checksum_payloads", {
             "Dict": dict, "List": list, "Tuple": tuple, "overall_checksum": checker_ns["overall_checksum"]})
         check = load_method("sglang", UPDATER, CLS, "check_weights", {
             **structs, "_merge_checksum_payloads": merge, "torch": torch, "msgspec": msgspec,
