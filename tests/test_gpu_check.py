@@ -29,6 +29,7 @@ def test_gpu_check_without_cuda_skips_with_a_reason_and_exits_0(tmp_path):
     t = res["tests_gpu"]
     assert t["tests"] >= 5 and t["skipped"] == t["tests"] and t["failures"] == t["errors"] == 0
     assert (out / "gpu_check.log").read_text().count("[gpu_check]") >= 4
+    assert res["verdicts"] == {}
 
 
 def test_gpu_check_figures_run_end_to_end_at_tiny_width(tmp_path):
@@ -47,3 +48,38 @@ def test_gpu_check_figures_run_end_to_end_at_tiny_width(tmp_path):
     assert width["sft_vs_reference_tokens_per_s_at_equal_flops"] > 0
     start = json.loads((out / "startup.json").read_text())
     assert start["push_buckets"] >= 1 and start["export_bytes"] > 0 and start["host_peak_rss_gb"] > 0
+    units = {f.stem for f in (out / "units").glob("*.json")}
+    assert units == {"numerics", "sft_1_layers", "sft_2_layers", "reference", "rl_step", "startup"}
+    assert width["sft_2_layers"]["vision_flops_per_step"] > 0 and width["sft_vs_reference_flops_per_s_with_vision"] > 0
+
+
+def test_a_listed_gpu_without_cuda_fails_every_part(tmp_path):
+    """Where nvidia-smi names a GPU, a torch without CUDA is a broken machine, not a CPU one."""
+    if torch.cuda.is_available():
+        pytest.skip("this is the broken-CUDA behaviour")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    out = tmp_path / "gc"
+    r = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--out", str(out)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    for part in ("numerics", "width", "startup"):
+        assert "torch cannot use CUDA" in json.loads((out / f"{part}.json").read_text())["error"]
+
+
+def test_card_peaks_and_verdicts():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check as gc
+
+    assert gc.card_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert gc.card_peak_tflops("NVIDIA H100 PCIe") == 756.0 and gc.card_peak_tflops("NVIDIA H100 NVL") == 835.0
+    assert gc.card_peak_tflops("NVIDIA H200") == 989.0 and gc.card_peak_tflops("Some GPU") is None
+    parts = {"numerics": {"abs_delta_q50_q99": [0.01, 0.2], "ratio_outside_clip_0.2": 0.0},
+             "width": {"rl_step": {"peak_gb": 76.0}, "sft_8_layers": {"peak_gb": 60.0}},
+             "startup": {"peak_gpu_gb": 50.0}}
+    v = gc.verdicts(parts, 79.1, 4.0)
+    assert v == {"numerics_abs_delta_p99_le_0.1": False, "numerics_outside_clip_le_1pct": True,
+                 "width.rl_step_peak_fits_card_with_4_gb": False, "width.sft_8_layers_peak_fits_card_with_4_gb": True,
+                 "startup_peak_fits_card_with_4_gb": True}
