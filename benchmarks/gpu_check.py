@@ -179,6 +179,8 @@ def part_numerics(a, tmp: Path) -> dict:
     t_gen = time.perf_counter() - t0
     if out.error:
         raise RuntimeError(out.error)
+    print(f"[gpu_check] numerics: {len(out.token_ids)} tokens generated after a {len(ids)}-token prompt in "
+          f"{t_gen:.1f} s", flush=True)
     vision = torch.tensor(vision_token_ids(proc.tokenizer), dtype=torch.long)
     with torch.no_grad():
         logp, _ = forward_logps(trainer, ids + out.token_ids, images, proc, cfg.image_token_id, vision, 1.0, dev)
