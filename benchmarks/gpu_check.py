@@ -197,11 +197,78 @@ def part_numerics(a, tmp: Path) -> dict:
             "what": "trainer (FSDP2 bf16 mixed, fp32 master) minus engine (bf16 generate) logprob of each sampled token"}
 
 
+def _pack(cfg, proc, video, pack_tokens: int):
+    """The SFT step's pack: examples of the recipe's first turn (64 frames) and a short answer, until
+    ``pack_tokens``; (examples, total tokens)."""
+    import torch
+
+    from paravt.sft.data import IGNORE, Example
+
+    ids, images = _overview(proc, video)
+    g = torch.Generator().manual_seed(0)
+    examples, total = [], 0
+    while total < pack_tokens:
+        n_ans = max(16, min(pack_tokens - total - len(ids), pack_tokens // 2 - len(ids)))
+        ans = torch.randint(10, min(1000, cfg.text_config.vocab_size), (n_ans,), generator=g).tolist()
+        examples.append(Example(ids + ans, [IGNORE] * len(ids) + ans, images))
+        total += len(ids) + n_ans
+    return examples, total
+
+
+def _packed_reference_timing(cfg, proc, video, dev, d, attn: str, steps: int, pack_tokens: int) -> dict:
+    """The text-only arm at equal work: transformers' Qwen3 text model at the same width and depth on the
+    SFT step's own pack (the same documents, image placeholders as text tokens, positions restarting
+    at each document so transformers builds the same block mask), wrapped, checkpointed, optimized and
+    scored by the project's own code (FSDP2 bf16 mixed precision, ``param_groups``, ``token_ce_sum``).
+    Against the SFT step it isolates what the VL model adds (vision tower, M-RoPE)."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from paravt.models import parallel
+    from paravt.sft.data import IGNORE
+    from paravt.sft.train import param_groups, token_ce_sum
+
+    rc = _text_config(cfg, cfg.text_config.num_hidden_layers, pack_tokens)
+    examples, total = _pack(cfg, proc, video, pack_tokens)
+    _reset_peak(dev)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        m = Qwen3ForCausalLM._from_config(rc, dtype=torch.float32, attn_implementation=attn)
+    enable_activation_checkpointing(m)
+    m.config.use_cache = False
+    m = parallel.wrap_fsdp2(m, d, torch.bfloat16)
+    opt = torch.optim.AdamW(param_groups(m, 0.01, 1.0, 1e-5), lr=1e-5, **parallel.adamw_kwargs(dev))
+    text = 11  # a text token in place of every image placeholder
+    ids = torch.tensor([[t if t != cfg.image_token_id else text for e in examples for t in e.input_ids]])
+    labels = torch.tensor([[(IGNORE if i == 0 else lab) for e in examples for i, lab in enumerate(e.labels)]])
+    pos = torch.cat([torch.arange(len(e)) for e in examples])[None]
+    times = []
+    m.train()
+    for i in range(steps + 1):
+        batch = {"input_ids": ids.to(dev), "labels": labels.to(dev), "position_ids": pos.to(dev)}
+        _sync(dev)
+        t0 = time.perf_counter()
+        ce, n = token_ce_sum(m, batch)
+        (ce / max(n, 1)).backward()
+        parallel.clip_grad_norm(m.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(dev)
+        if i:
+            times.append(time.perf_counter() - t0)
+    step = sorted(times)[len(times) // 2]
+    res = {"text_layers": rc.num_hidden_layers, "pack_tokens": total, "examples": len(examples),
+           "step_s": round(step, 4), "tokens_per_s": round(total / step, 1), "peak_gb": _peak_gb(dev),
+           "flops_per_token": _text_flops_per_token(rc, total // len(examples))}
+    del m, opt
+    return res
+
+
 def _sft_step_timing(cfg, proc, video, dev, d, attn: str, steps: int, pack_tokens: int) -> dict:
     import torch
 
     from paravt.models import parallel
-    from paravt.sft.data import IGNORE, Example, collate_packed
+    from paravt.sft.data import collate_packed
     from paravt.sft.train import param_groups, token_ce_sum
 
     _reset_peak(dev)
@@ -212,14 +279,7 @@ def _sft_step_timing(cfg, proc, video, dev, d, attn: str, steps: int, pack_token
     vision_params = sum(x.numel() for x in model.model.visual.parameters())
     model = parallel.wrap_fsdp2(model, d, torch.bfloat16)
     opt = torch.optim.AdamW(param_groups(model, 0.01, 1.0, 1e-5), lr=1e-5, **parallel.adamw_kwargs(dev))
-    ids, images = _overview(proc, video)
-    g = torch.Generator().manual_seed(0)
-    examples, total = [], 0
-    while total < pack_tokens:
-        n_ans = max(16, min(pack_tokens - total - len(ids), pack_tokens // 2 - len(ids)))
-        ans = torch.randint(10, min(1000, cfg.text_config.vocab_size), (n_ans,), generator=g).tolist()
-        examples.append(Example(ids + ans, [IGNORE] * len(ids) + ans, images))
-        total += len(ids) + n_ans
+    examples, total = _pack(cfg, proc, video, pack_tokens)
     times = []
     model.train()
     for i in range(steps + 1):
@@ -235,7 +295,7 @@ def _sft_step_timing(cfg, proc, video, dev, d, attn: str, steps: int, pack_token
         if i:  # the first is a warm-up
             times.append(time.perf_counter() - t0)
     step = sorted(times)[len(times) // 2]
-    patches = len(examples) * int(images.tensors(proc)[1].prod(-1).sum())
+    patches = sum(int(e.images.tensors(proc)[1].prod(-1).sum()) for e in examples)
     res = {"text_layers": cfg.text_config.num_hidden_layers, "pack_tokens": total, "examples": len(examples),
            "vision_params": vision_params, "vision_patches_per_step": patches,
            "vision_flops_per_step": 6.0 * vision_params * patches,
@@ -288,16 +348,24 @@ def _rl_step_timing(cfg, proc, video, dev, d, attn: str, samples: int, answer: i
     return res
 
 
+def _text_config(cfg, layers: int, seq: int):
+    """transformers' Qwen3 text config at the VL model's text width."""
+    from transformers import Qwen3Config
+
+    t = cfg.text_config
+    return Qwen3Config(hidden_size=t.hidden_size, num_hidden_layers=layers, num_attention_heads=t.num_attention_heads,
+                       num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,
+                       intermediate_size=t.intermediate_size, vocab_size=t.vocab_size,
+                       max_position_embeddings=max(seq, 8192), tie_word_embeddings=False)
+
+
 def _reference_timing(cfg, dev, attn: str, layers: int, seq: int, steps: int) -> dict:
     """transformers' Qwen3 text model at the same width: fp32 master weights, bf16 autocast, gradient
     checkpointing, fused AdamW, one sequence."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    t = cfg.text_config
-    rc = Qwen3Config(hidden_size=t.hidden_size, num_hidden_layers=layers, num_attention_heads=t.num_attention_heads,
-                     num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, intermediate_size=t.intermediate_size,
-                     vocab_size=t.vocab_size, max_position_embeddings=max(seq, 8192), tie_word_embeddings=False)
+    rc = _text_config(cfg, layers, seq)
     _reset_peak(dev)
     torch.manual_seed(0)
     with torch.device(dev):
@@ -339,6 +407,13 @@ def unit_reference(a, tmp: Path) -> dict:
     return _reference_timing(_config(proc, a.layers, a.small), _device(), a.attn, a.ref_layers, a.pack_tokens, a.steps)
 
 
+def unit_reference_packed(a, tmp: Path) -> dict:
+    dev, d = _device(), _dist()
+    proc, video = _assets(tmp, a.small)
+    return _packed_reference_timing(_config(proc, a.layers, a.small), proc, video, dev, d, a.attn, a.steps,
+                                    a.pack_tokens)
+
+
 def unit_rl_step(a, tmp: Path) -> dict:
     dev, d = _device(), _dist()
     proc, video = _assets(tmp, a.small)
@@ -350,9 +425,10 @@ def compose_width(a, units: dict, peak_tflops: float) -> dict:
     """The width part from its units: MFU, GB per layer, the ratio to the reference at equal work."""
     lo = max(1, a.layers // 2)
     out = {k: units.get(k, {"error": "not run"}) for k in (f"sft_{lo}_layers", f"sft_{a.layers}_layers",
-                                                          "reference", "rl_step")}
+                                                          "reference", "reference_packed", "rl_step")}
     sft, ref, low = out[f"sft_{a.layers}_layers"], out["reference"], out[f"sft_{lo}_layers"]
-    for r in (sft, ref):
+    packed = out["reference_packed"]
+    for r in (sft, ref, packed):
         if "tokens_per_s" in r:
             r["mfu"] = round(r["tokens_per_s"] * r["flops_per_token"] / (peak_tflops * 1e12), 4)
     if "tokens_per_s" in sft:
@@ -368,6 +444,13 @@ def compose_width(a, units: dict, peak_tflops: float) -> dict:
         out["sft_vs_reference_tokens_per_s_at_equal_flops"] = round(sft["tokens_per_s"] * sft["flops_per_token"]
                                                                     / ref_fps, 3)
         out["sft_vs_reference_flops_per_s_with_vision"] = round(sft["flops_per_s_with_vision"] / ref_fps, 3)
+    if "tokens_per_s" in sft and "tokens_per_s" in packed:
+        # equal work, text only: the same pack through the same wrapper and loss, without the vision
+        # tower and M-RoPE. The SFT step's vision FLOPs are excluded here (the arm has none).
+        out["sft_text_vs_reference_packed_flops_per_s"] = round(
+            sft["pack_tokens"] * sft["flops_per_token"] / sft["step_s"]
+            / (packed["tokens_per_s"] * packed["flops_per_token"]), 3)
+        out["sft_step_s_minus_reference_packed_step_s"] = round(sft["step_s"] - packed["step_s"], 4)
     return out
 
 
@@ -439,7 +522,8 @@ def part_startup(a, tmp: Path) -> dict:
 # Seconds each unit may take (x --timeout-scale): ~1.4-2x what each took on one H100 80GB HBM3
 # (numerics 147 s, most of it the in-process engine generating 2048 tokens; SFT 21 and 18 s, reference
 # 7 s, RL step 29 s, start-up 56 s). gpu_check.sh bounds their sum at 440 s and tests/gpu at 120 s.
-TIMEOUT_S = {"numerics": 210, "sft_low": 45, "sft_high": 45, "reference": 30, "rl_step": 60, "startup": 100}
+TIMEOUT_S = {"numerics": 210, "sft_low": 45, "sft_high": 45, "reference": 30, "reference_packed": 40, "rl_step": 60,
+             "startup": 100}
 # Dense bf16 peak TFLOP/s by the card's name (the first match wins); None: unknown card, MFU not given.
 PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
                ("A100", 312.0), ("L40S", 362.0), ("B200", 2250.0))
@@ -464,7 +548,8 @@ def units_of(a) -> dict[str, list[tuple[str, str, object]]]:
     sft = [(f"sft_{lo}_layers", "sft_low", unit_sft(lo))] if lo != a.layers else []
     sft.append((f"sft_{a.layers}_layers", "sft_high", unit_sft(a.layers)))
     return {"numerics": [("numerics", "numerics", part_numerics)],
-            "width": sft + [("reference", "reference", unit_reference), ("rl_step", "rl_step", unit_rl_step)],
+            "width": sft + [("reference", "reference", unit_reference),
+                            ("reference_packed", "reference_packed", unit_reference_packed), ("rl_step", "rl_step", unit_rl_step)],
             "startup": [("startup", "startup", part_startup)]}
 
 

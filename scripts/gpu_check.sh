@@ -45,11 +45,11 @@ rc=0
 if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then export PARAVT_REQUIRE_GPU=1; fi
 say "1/2 benchmarks/gpu_check.py"
 # shellcheck disable=SC2086
-timeout "${GPU_FIGURES_TIMEOUT_S:-440}" "$PY" benchmarks/gpu_check.py --out "$OUT" ${GPU_CHECK_ARGS:-} 2>&1 | tee -a "$LOG" \
+timeout "${GPU_FIGURES_TIMEOUT_S:-450}" "$PY" benchmarks/gpu_check.py --out "$OUT" ${GPU_CHECK_ARGS:-} 2>&1 | tee -a "$LOG" \
   | grep --line-buffered "^\[gpu_check\]"
 [[ "${PIPESTATUS[0]}" == 0 ]] || { say "gpu_check.py failed, timed out or missed a threshold"; rc=1; }
 say "2/2 tests/gpu"
-timeout "${GPU_TESTS_TIMEOUT_S:-120}" "$PY" -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider --junitxml "$OUT/tests_gpu.xml" \
+timeout "${GPU_TESTS_TIMEOUT_S:-115}" "$PY" -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider --junitxml "$OUT/tests_gpu.xml" \
   2>&1 | tee -a "$LOG" | grep --line-buffered -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed"
 [[ "${PIPESTATUS[0]}" == 0 ]] || { say "tests/gpu failed or timed out"; rc=1; }
 "$PY" - "$OUT" <<'PY' | tee -a "$LOG"

@@ -49,8 +49,11 @@ def test_gpu_check_figures_run_end_to_end_at_tiny_width(tmp_path):
     start = json.loads((out / "startup.json").read_text())
     assert start["push_buckets"] >= 1 and start["export_bytes"] > 0 and start["host_peak_rss_gb"] > 0
     units = {f.stem for f in (out / "units").glob("*.json")}
-    assert units == {"numerics", "sft_1_layers", "sft_2_layers", "reference", "rl_step", "startup"}
+    assert units == {"numerics", "sft_1_layers", "sft_2_layers", "reference", "reference_packed", "rl_step", "startup"}
     assert width["sft_2_layers"]["vision_flops_per_step"] > 0 and width["sft_vs_reference_flops_per_s_with_vision"] > 0
+    packed = width["reference_packed"]
+    assert packed["pack_tokens"] == width["sft_2_layers"]["pack_tokens"] and packed["text_layers"] == 2
+    assert width["sft_text_vs_reference_packed_flops_per_s"] > 0
 
 
 def test_a_listed_gpu_without_cuda_fails_every_part(tmp_path):
