@@ -530,6 +530,41 @@ def test_a_k_independent_tool_habit_and_skipped_calls_that_earn_nothing_for_free
     assert habit_calls(WorldConfig(), "x") is None  # the expert's rule by default
 
 
+def test_habit_sentence_puts_the_decision_in_one_place_whatever_the_overview_shows():
+    """--habit-sentence: a calling row and a skipping row of the same question and K say the same
+    words up to "I will", then "check ..." or "answer from them."; seen or missed, in both wordings.
+    Without it a seen event's call and skip part at the sighting's last character (";" vs ".")."""
+    from paravt.core.seeding import py_rng
+    from paravt.core.video import overview_timestamps
+    from paravt.data.synthetic.traces import expert_trajectory
+    from paravt.data.synthetic.world import QUESTION_TYPES, make_question
+
+    def first_turns(cfg, want_seen):
+        for i in range(60):
+            spec = make_spec(cfg, "train", i)
+            r = py_rng(cfg.seed, "questions", spec.id)
+            for ev in spec.events:
+                for qtype in QUESTION_TYPES:
+                    q = make_question(spec, ev, qtype, r, cfg.mcq_options)
+                    for k in (4, 64):
+                        seen = any(ev.visible_at(t) for t in overview_timestamps(spec.num_frames, spec.fps, k))
+                        if seen == want_seen:
+                            yield (expert_trajectory(spec, q, k, cfg, call=True)["turns"][0],
+                                   expert_trajectory(spec, q, k, cfg, call=False)["turns"][0])
+
+    for wording in ("colour_first", "shape_first"):
+        cfg = WorldConfig(seed=5, sft_tool_rate=0.5, habit_sentence=True, report_wording=wording, fine_round=False)
+        for want_seen in (True, False):
+            pairs = list(first_turns(cfg, want_seen))
+            assert len(pairs) >= 10
+            for call, skip in pairs:
+                cut = call.index(" I will check ")
+                assert skip.startswith(call[:cut] + " I will answer from them."), (call[:cut + 40], skip)
+    old = WorldConfig(seed=5, sft_tool_rate=0.5, fine_round=False)
+    call, skip = next(first_turns(old, True))
+    assert "; the crops will show it" in call and "I will answer" not in skip
+
+
 def test_rl_prompts_from_videos_the_cold_start_never_saw(tmp_path):
     import pyarrow.parquet as pq
 

@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sft-tool-rate", type=float, default=WorldConfig.sft_tool_rate,
                    help="fraction of SFT main rows that call tools, by a seeded coin independent of K and of the "
                         "overview (default: call exactly when the overview misses the event)")
+    p.add_argument("--habit-sentence", action=argparse.BooleanOptionalAction, default=WorldConfig.habit_sentence,
+                   help="with --sft-tool-rate: the call-or-skip decision as its own sentence ('I will check N "
+                        "windows ...' / 'I will answer from them.') whether the overview saw the event or not")
     p.add_argument("--n-rl-videos", type=int, default=WorldConfig.n_rl_videos,
                    help="videos whose questions are the RL prompts, unseen by the cold start (0: the SFT videos)")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")

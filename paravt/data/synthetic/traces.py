@@ -81,6 +81,21 @@ def _windows(duration: float, length: float) -> list[tuple[float, float]]:
     return [(round(i * step, 1), round(min(duration, (i + 1) * step), 1)) for i in range(n)]
 
 
+def overview_sighting(shape: str, colour: str, desc: str, at: str, wording: str) -> str:
+    """The thought that says where the overview shows the event, in the world's report wording."""
+    if wording == "shape_first":
+        return f"In the overview the {shape} is {colour}, visible {at}."
+    return f"In the overview {desc} is visible {at}."
+
+
+def overview_missing(desc: str, wording: str) -> str:
+    """The thought that says the overview misses the event (shape_first: no "<shape> is" outside the
+    sightings, so "The circle is" has one continuation to copy)."""
+    if wording == "shape_first":
+        return f"The overview frames show no {desc[4:]}."
+    return f"{desc.capitalize()} is not visible in the overview frames."
+
+
 def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig,
                       call: bool | None = None) -> dict[str, Any]:
     """Assistant turns and tool responses of the expert for question ``q`` at overview budget k.
@@ -105,7 +120,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         return sighting(ev.shape, ev.colour, times, wording) if shape_first else f"{desc.capitalize()} is visible {where(times)}."
 
     def in_overview(at: str) -> str:
-        return f"In the overview the {ev.shape} is {ev.colour}, visible {at}." if shape_first else f"In the overview {desc} is visible {at}."
+        return overview_sighting(ev.shape, ev.colour, desc, at, wording)
 
     def padded(a: float, b: float, pad: float | None = None) -> tuple[float, float]:  # tvg_pad_s 0: copy the times
         return tvg_span(cfg, spec.duration, a, b, pad)
@@ -149,10 +164,10 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
 
     windows = _windows(spec.duration, cfg.coarse_window_s)
     calls = "\n".join(crop_call(s, e) for s, e in windows)
-    # shape_first: no "<shape> is" outside the sightings, so "The circle is" has one continuation to copy
-    missing = (f"The overview frames show no {desc[4:]}." if shape_first
-               else f"{desc.capitalize()} is not visible in the overview frames.")
-    if seen and call:  # the habit calls whatever the overview shows: the sighting is checked in the crops
+    missing = overview_missing(desc, wording)
+    if seen and call and cfg.habit_sentence:  # the sighting said as the skipping rows say it, then the decision
+        missing = in_overview(where(seen))
+    elif seen and call:  # the habit calls whatever the overview shows: the sighting is checked in the crops
         missing = f"{in_overview(where(seen))[:-1]}; the crops will show it at 1 fps."
     elif seen:  # tvg, sparse overview, no fine round: the coarse round looks again at 1 fps
         missing = f"{in_overview(where(seen))[:-1]}, but the frames are sparse."
@@ -198,6 +213,9 @@ def overview_answer(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig
     desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
     if seen:
         thought = f"In the overview {desc} is visible {where(seen)}."
+        if cfg.habit_sentence:  # the calling rows' sighting, then the decision in the same place as theirs
+            thought = overview_sighting(ev.shape, ev.colour, desc, where(seen), cfg.report_wording)
+            thought += " I will answer from them."
         if q["question_type"] == "tvg":
             spacing = spec.duration / max(1, len(ov))
             answer = _answer_text(q, tvg_span(cfg, spec.duration, seen[0], seen[-1], spacing / 2))
@@ -206,7 +224,9 @@ def overview_answer(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig
             answer = _answer_text(q)
         return f"{THINK_PREFIX}{restate(q)} {thought}\n</think>\n<answer>{answer}</answer>"
     r = py_rng(cfg.seed, "overview_guess", spec.id, q["shape"], q["question_type"], k)
-    thought = f"{desc.capitalize()} is not visible in the overview frames. I will answer from them."
+    missing = overview_missing(desc, cfg.report_wording) if cfg.habit_sentence else \
+        f"{desc.capitalize()} is not visible in the overview frames."
+    thought = f"{missing} I will answer from them."
     if q["question_type"] == "mcq":
         answer = r.choice([chr(ord("A") + i) for i in range(len(q["options"]))])
     elif q["question_type"] == "tvg":
