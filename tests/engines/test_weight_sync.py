@@ -42,7 +42,7 @@ def test_flatten_and_unflatten_round_trip_exactly():
 
 RECEIVER = textwrap.dedent("""
     import sys, torch
-    from paravt.core.weight_sync import TensorMeta, broadcast, init_weight_group, unflatten
+    from paravt.core.weight_sync import TensorMeta, broadcast, destroy_weight_group, init_weight_group, unflatten
     port, rank, world = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     g = init_weight_group("127.0.0.1", port, rank, world, "paravt_test", "gloo", 30)
     metas = [TensorMeta("x", "bfloat16", (64, 32)), TensorMeta("y", "bfloat16", (5,))]
@@ -50,6 +50,10 @@ RECEIVER = textwrap.dedent("""
     broadcast(g, flat, 30)
     got = dict(unflatten(flat, metas))
     torch.save(got, sys.argv[4])
+    # leave the group while rank 0 (the store's server) is still there: a receiver whose peer is gone
+    # may abort in gloo's teardown
+    destroy_weight_group(g)
+    open(sys.argv[4] + ".done", "w").close()
 """)
 
 
@@ -83,25 +87,31 @@ def test_a_receiver_that_died_fails_the_broadcast_instead_of_hanging(tmp_path):
     port = free_port()
     script = tmp_path / "die.py"
     script.write_text(textwrap.dedent("""
-        import os, sys
-        from paravt.core.weight_sync import init_weight_group
-        init_weight_group("127.0.0.1", int(sys.argv[1]), 1, 2, "paravt_test", "gloo", 30)
-        os._exit(9)  # joined, then gone before the transfer
+        import os, sys, torch
+        from paravt.core.weight_sync import broadcast, init_weight_group
+        g = init_weight_group("127.0.0.1", int(sys.argv[1]), 1, 2, "paravt_test", "gloo", 30)
+        broadcast(g, torch.zeros(1, dtype=torch.uint8), 30)  # both ends have joined
+        os._exit(9)  # then gone before the transfer
     """))
     p = subprocess.Popen([sys.executable, str(script), str(port)], env={**os.environ, "PYTHONPATH": str(ROOT)})
     g = init_weight_group("127.0.0.1", port, 0, 2, "paravt_test", "gloo", 20)
+    broadcast(g, torch.zeros(1, dtype=torch.uint8), 20)
     p.wait(timeout=60)
     with pytest.raises(Exception):  # noqa: B017 - gloo's own error (connection closed or timeout), never a hang
         broadcast(g, torch.zeros(64 << 20, dtype=torch.uint8), 20)
 
 
 SENDER_UNDER_TORCHRUN = textwrap.dedent("""
-    import os, sys, torch
-    from paravt.core.weight_sync import broadcast, init_weight_group
-    port = int(sys.argv[1])
+    import os, sys, time, torch
+    from paravt.core.weight_sync import broadcast, destroy_weight_group, init_weight_group
+    port, done = int(sys.argv[1]), sys.argv[2]
     g = init_weight_group("127.0.0.1", port, 0, 2, "paravt_test", "gloo", 30, join_timeout_s=60)
     broadcast(g, torch.arange(5).to(torch.bfloat16).view(torch.uint8).clone(), 30)
     print("sent under", os.environ.get("TORCHELASTIC_USE_AGENT_STORE"))
+    deadline = time.monotonic() + 60  # the receiver leaves first (see RECEIVER)
+    while not os.path.exists(done) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    destroy_weight_group(g)
 """)
 
 
@@ -119,7 +129,8 @@ def test_the_group_forms_when_rank_0_runs_under_torchrun(tmp_path):
     recv = subprocess.Popen([sys.executable, str(tmp_path / "recv.py"), str(port), "1", "2", str(tmp_path / "r.pt")],
                             env=env)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                        str(tmp_path / "send.py"), str(port)], env=env, capture_output=True, text=True, timeout=180)
+                        str(tmp_path / "send.py"), str(port), str(tmp_path / "r.pt.done")], env=env,
+                       capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sent under True" in r.stdout
     assert recv.wait(timeout=60) == 0
