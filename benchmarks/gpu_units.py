@@ -183,6 +183,34 @@ def _pack(cfg, proc, video, pack_tokens: int):
     return examples, total
 
 
+def _sft_steps(model, dev, d, make_batch, steps: int) -> float:
+    """The SFT step (the project's optimizer groups, ``token_ce_sum``, clipping) ``steps`` + 1 times on
+    ``make_batch()``; the median time of all but the first (a warm-up)."""
+    import torch
+
+    from paravt.models import parallel
+    from paravt.sft.train import param_groups, token_ce_sum
+
+    model = parallel.wrap_fsdp2(model, d, torch.bfloat16)
+    opt = torch.optim.AdamW(param_groups(model, 0.01, 1.0, 1e-5), lr=1e-5, **parallel.adamw_kwargs(dev))
+    times = []
+    model.train()
+    for i in range(steps + 1):
+        batch = make_batch()
+        _sync(dev)
+        t0 = time.perf_counter()
+        ce, n = token_ce_sum(model, batch)
+        (ce / max(n, 1)).backward()
+        parallel.clip_grad_norm(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(dev)
+        if i:
+            times.append(time.perf_counter() - t0)
+    del model, opt
+    return sorted(times)[len(times) // 2]
+
+
 def _packed_reference_timing(cfg, proc, video, dev, d, attn: str, steps: int, pack_tokens: int) -> dict:
     """The text-only arm at equal work: transformers' Qwen3 text model at the same width and depth on the
     SFT step's own pack (the same documents, image placeholders as text tokens, positions restarting
@@ -192,9 +220,7 @@ def _packed_reference_timing(cfg, proc, video, dev, d, attn: str, steps: int, pa
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from paravt.models import parallel
     from paravt.sft.data import IGNORE
-    from paravt.sft.train import param_groups, token_ce_sum
 
     rc = _text_config(cfg, cfg.text_config.num_hidden_layers, pack_tokens)
     examples, total = _pack(cfg, proc, video, pack_tokens)
@@ -204,40 +230,22 @@ def _packed_reference_timing(cfg, proc, video, dev, d, attn: str, steps: int, pa
         m = Qwen3ForCausalLM._from_config(rc, dtype=torch.float32, attn_implementation=attn)
     enable_activation_checkpointing(m)
     m.config.use_cache = False
-    m = parallel.wrap_fsdp2(m, d, torch.bfloat16)
-    opt = torch.optim.AdamW(param_groups(m, 0.01, 1.0, 1e-5), lr=1e-5, **parallel.adamw_kwargs(dev))
     text = 11  # a text token in place of every image placeholder
     ids = torch.tensor([[t if t != cfg.image_token_id else text for e in examples for t in e.input_ids]])
     labels = torch.tensor([[(IGNORE if i == 0 else lab) for e in examples for i, lab in enumerate(e.labels)]])
     pos = torch.cat([torch.arange(len(e)) for e in examples])[None]
-    times = []
-    m.train()
-    for i in range(steps + 1):
-        batch = {"input_ids": ids.to(dev), "labels": labels.to(dev), "position_ids": pos.to(dev)}
-        _sync(dev)
-        t0 = time.perf_counter()
-        ce, n = token_ce_sum(m, batch)
-        (ce / max(n, 1)).backward()
-        parallel.clip_grad_norm(m.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(dev)
-        if i:
-            times.append(time.perf_counter() - t0)
-    step = sorted(times)[len(times) // 2]
-    res = {"text_layers": rc.num_hidden_layers, "pack_tokens": total, "examples": len(examples),
-           "step_s": round(step, 4), "tokens_per_s": round(total / step, 1), "peak_gb": _peak_gb(dev),
-           "flops_per_token": _text_flops_per_token(rc, total // len(examples))}
-    del m, opt
-    return res
+    step = _sft_steps(m, dev, d, lambda: {"input_ids": ids.to(dev), "labels": labels.to(dev),
+                                          "position_ids": pos.to(dev)}, steps)
+    del m
+    return {"text_layers": rc.num_hidden_layers, "pack_tokens": total, "examples": len(examples),
+            "step_s": round(step, 4), "tokens_per_s": round(total / step, 1), "peak_gb": _peak_gb(dev),
+            "flops_per_token": _text_flops_per_token(rc, total // len(examples))}
 
 
 def _sft_step_timing(cfg, proc, video, dev, d, attn: str, steps: int, pack_tokens: int) -> dict:
     import torch
 
-    from paravt.models import parallel
     from paravt.sft.data import collate_packed
-    from paravt.sft.train import param_groups, token_ce_sum
 
     _reset_peak(dev)
     model = _model(cfg, dev, torch.float32, attn)
@@ -245,32 +253,16 @@ def _sft_step_timing(cfg, proc, video, dev, d, attn: str, steps: int, pack_token
     model.config.use_cache = False
     rope_index = model.model.get_rope_index
     vision_params = sum(x.numel() for x in model.model.visual.parameters())
-    model = parallel.wrap_fsdp2(model, d, torch.bfloat16)
-    opt = torch.optim.AdamW(param_groups(model, 0.01, 1.0, 1e-5), lr=1e-5, **parallel.adamw_kwargs(dev))
     examples, total = _pack(cfg, proc, video, pack_tokens)
-    times = []
-    model.train()
-    for i in range(steps + 1):
-        batch = {k: v.to(dev) for k, v in collate_packed(examples, proc, cfg.image_token_id, rope_index).items()}
-        _sync(dev)
-        t0 = time.perf_counter()
-        ce, n = token_ce_sum(model, batch)
-        (ce / max(n, 1)).backward()
-        parallel.clip_grad_norm(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(dev)
-        if i:  # the first is a warm-up
-            times.append(time.perf_counter() - t0)
-    step = sorted(times)[len(times) // 2]
+    step = _sft_steps(model, dev, d, lambda: {k: v.to(dev) for k, v in collate_packed(
+        examples, proc, cfg.image_token_id, rope_index).items()}, steps)
+    del model
     patches = sum(int(e.images.tensors(proc)[1].prod(-1).sum()) for e in examples)
-    res = {"text_layers": cfg.text_config.num_hidden_layers, "pack_tokens": total, "examples": len(examples),
-           "vision_params": vision_params, "vision_patches_per_step": patches,
-           "vision_flops_per_step": 6.0 * vision_params * patches,
-           "step_s": round(step, 4), "tokens_per_s": round(total / step, 1), "peak_gb": _peak_gb(dev),
-           "flops_per_token": _text_flops_per_token(cfg, total // len(examples))}
-    del model, opt
-    return res
+    return {"text_layers": cfg.text_config.num_hidden_layers, "pack_tokens": total, "examples": len(examples),
+            "vision_params": vision_params, "vision_patches_per_step": patches,
+            "vision_flops_per_step": 6.0 * vision_params * patches,
+            "step_s": round(step, 4), "tokens_per_s": round(total / step, 1), "peak_gb": _peak_gb(dev),
+            "flops_per_token": _text_flops_per_token(cfg, total // len(examples))}
 
 
 def _rl_step_timing(cfg, proc, video, dev, d, attn: str, samples: int, answer: int) -> dict:
