@@ -8,8 +8,8 @@
 #   bash experiments/rl_effects_pilot.sh [OUT_DIR]          (default runs/rl_effects_pilot)
 #   SEED, TOOL_RATE (0.5), RL_VIDEOS (40), RL_STEPS (60), LR (1e-4), N_SAMPLES (8), PROMPTS (2),
 #   EVAL_Q (40 questions), DRAWS (4 per question), and the quickstart's sizes for the cold start.
-#   WORLD_FLAGS="--habit-sentence": the call-or-skip decision as its own sentence, seen or missed (the
-#   default hangs a seen event's call on its sighting, a cue the tiny SFT policy follows: fewer calls at K = 64).
+#   WORLD_FLAGS="--habit-sentence": the call-or-skip decision as its own sentence, seen or missed (on seed 0
+#   the SFT policy still called far less at K = 64: docs/RESULTS.md).
 #   SHARE_FROM=DIR: take the tiny model, the world and the perception base from another seed's OUT_DIR
 #   (one base model for every seed, as the paper has one Qwen3-VL-8B; seeds then differ in SFT, RL and eval).
 #

@@ -108,8 +108,8 @@ class WorldConfig:
     # With sft_tool_rate: the call-or-skip decision as its own sentence after what the overview shows,
     # the same words wherever the event was seen or missed: "... I will check N windows ..." or
     # "... I will answer from them." Off: a seen event's call hangs on the sighting ("...; the crops
-    # will show it at 1 fps.") and a skip ends it with "." as every sighting of the reading rows does,
-    # a cue the tiny model follows: its sampled calls then fall with K although the coin does not.
+    # will show it at 1 fps.") and a skip ends it with "." as every sighting of the reading rows does.
+    # (Either way, on seed 0 the tiny SFT policy called far less at K = 64 than its rows do.)
     habit_sentence: bool = False
     # Videos whose questions are the RL prompts and that the cold start never saw (0: the RL prompts
     # are the SFT videos' questions).
