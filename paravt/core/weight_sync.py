@@ -25,6 +25,8 @@ This module imports only torch: it runs in the trainer's environment and inside 
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterable, Iterator, Sequence
@@ -123,7 +125,7 @@ def init_weight_group(master_address: str, master_port: int, rank: int, world_si
     and nobody serves the store. The join (store connection and every rank's arrival) is bounded by
     ``join_timeout_s`` (default ``timeout_s``) and fails with a :class:`TimeoutError` naming the
     address. Works in a process that already has a default group (the trainer, a server's
-    tensor-parallel workers): this group is separate from it."""
+    tensor-parallel workers): this group is separate from it. Returns a :class:`WeightGroup`."""
     import torch.distributed as dist  # noqa: PLC0415
     from torch.distributed import distributed_c10d as c10d  # noqa: PLC0415
 
@@ -144,7 +146,7 @@ def init_weight_group(master_address: str, master_port: int, rank: int, world_si
                            f"within {join.total_seconds():g} s ({' '.join(str(exc).split())[:200]})") from None
     c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     _set_pg_timeout(pg, timedelta(seconds=timeout_s))
-    return pg
+    return WeightGroup(pg, group_name)
 
 
 def _set_pg_timeout(pg, timeout: timedelta) -> None:
@@ -153,24 +155,84 @@ def _set_pg_timeout(pg, timeout: timedelta) -> None:
         pg.set_timeout(timeout)
 
 
-def broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:
+class WeightGroup:
+    """A joined weight-update group: the only long-lived reference to torch's process group.
+
+    :meth:`close` (also run for every group still open when the interpreter exits, by ``atexit``)
+    destroys the group and drops that reference while Python still runs, so torch's destructor joins
+    gloo's worker threads then. Left to interpreter shutdown, a worker thread that releases the last
+    reference to a sent tensor needs the GIL while Python finalises, and the process aborts
+    ("terminate called without an active exception", exit -6) after its work is done: a trainer that
+    completed would exit as failed. A group with a transfer still running or one that failed (a
+    peer gone, a timeout) is never destroyed: its destructor would wait for that transfer."""
+
+    _open: "weakref.WeakSet[WeightGroup]"
+
+    def __init__(self, pg, name: str):
+        self.pg = pg
+        self.name = name
+        self._in_flight = 0
+        self._failed = False
+        WeightGroup._open.add(self)
+
+    def broadcast(self, tensor: torch.Tensor, timeout_s: float) -> None:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        if self.pg is None:
+            raise RuntimeError(f"weight group {self.name!r} is closed")
+        if tensor.is_cuda:  # the calling thread may not be the one that chose this rank's GPU
+            torch.cuda.set_device(tensor.device)
+        self._in_flight += 1
+        try:
+            work = dist.broadcast(tensor, src=0, group=self.pg, async_op=True)
+            work.wait(timeout=timedelta(seconds=timeout_s))
+        except BaseException:
+            self._failed = True
+            raise
+        finally:
+            self._in_flight -= 1
+
+    def close(self) -> None:
+        """Leave the group. Idempotent."""
+        import torch.distributed as dist  # noqa: PLC0415
+
+        pg, self.pg = self.pg, None
+        WeightGroup._open.discard(self)
+        if pg is None:
+            return
+        try:
+            dist.destroy_process_group(pg)
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            pass
+        if self._in_flight or self._failed:
+            # never destroyed (see the class docstring): one reference nobody releases, which a list
+            # would not give (interpreter shutdown clears module globals)
+            import ctypes  # noqa: PLC0415
+
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+        del pg  # the last reference: torch's destructor joins the group's threads here
+
+    def __repr__(self) -> str:
+        return f"WeightGroup({self.name!r}, {'closed' if self.pg is None else 'open'})"
+
+
+WeightGroup._open = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_groups() -> None:
+    for g in list(WeightGroup._open):
+        g.close()
+
+
+def broadcast(group: WeightGroup, tensor: torch.Tensor, timeout_s: float) -> None:
     """Broadcast ``tensor`` from group rank 0 to every rank of ``group``; raises (never hangs) when a
     peer is gone or the transfer stalls past ``timeout_s``."""
-    import torch.distributed as dist  # noqa: PLC0415
-
-    if tensor.is_cuda:  # the calling thread may not be the one that chose this rank's GPU
-        torch.cuda.set_device(tensor.device)
-    work = dist.broadcast(tensor, src=0, group=group, async_op=True)
-    work.wait(timeout=timedelta(seconds=timeout_s))
+    group.broadcast(tensor, timeout_s)
 
 
-def destroy_weight_group(group) -> None:
-    import torch.distributed as dist  # noqa: PLC0415
-
-    try:
-        dist.destroy_process_group(group)
-    except Exception:  # noqa: BLE001 - best effort at shutdown
-        pass
+def destroy_weight_group(group: WeightGroup) -> None:
+    group.close()
 
 
 class GatherError(RuntimeError):

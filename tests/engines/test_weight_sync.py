@@ -101,6 +101,70 @@ def test_a_receiver_that_died_fails_the_broadcast_instead_of_hanging(tmp_path):
         broadcast(g, torch.zeros(64 << 20, dtype=torch.uint8), 20)
 
 
+LEAVES_GROUP_OPEN = textwrap.dedent("""
+    import atexit, os, sys
+
+    def gloo_threads():
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return sum(n.startswith(("pt_gloo", "gloo_")) for n in names)
+
+    # registered before weight_sync's own hook, so it runs after it (atexit is last in, first out)
+    atexit.register(lambda: print("gloo threads at exit:", gloo_threads(), flush=True))
+    import torch
+    from paravt.core.weight_sync import broadcast, init_weight_group
+    rank = int(sys.argv[2])
+    g = init_weight_group("127.0.0.1", int(sys.argv[1]), rank, 2, sys.argv[3], "gloo", 30)
+    t = torch.arange(4, dtype=torch.uint8) if rank == 0 else torch.zeros(4, dtype=torch.uint8)
+    broadcast(g, t, 30)
+    print("gloo threads after the transfer:", gloo_threads(), flush=True)
+    # no close: the group is left open, as a trainer or server that simply ends leaves it
+""")
+
+
+def test_a_group_left_open_is_closed_before_the_interpreter_shuts_down(tmp_path):
+    """Gloo's worker threads must end while Python still runs: one that releases the last reference to
+    a sent tensor during interpreter shutdown aborts the process ("terminate called without an active
+    exception", exit -6) after its work is done. Both ends exit 0 with no gloo thread left at exit."""
+    from paravt.models.parallel import free_port
+
+    port = free_port()
+    script = tmp_path / "open.py"
+    script.write_text(LEAVES_GROUP_OPEN)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, str(script), str(port), str(r), "paravt_test"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        assert "gloo threads after the transfer: 0" not in out  # the threads existed
+        assert "gloo threads at exit: 0" in out, out
+
+
+def test_close_ends_the_groups_threads_and_is_idempotent(tmp_path):
+    from paravt.core.weight_sync import broadcast, destroy_weight_group, init_weight_group
+    from paravt.models.parallel import free_port
+
+    def gloo_threads():  # this process may hold other tests' groups: count, before and after
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return sum(n.startswith(("pt_gloo", "gloo_")) for n in names)
+
+    before = gloo_threads()
+    port = free_port()
+    script = tmp_path / "open.py"
+    script.write_text(LEAVES_GROUP_OPEN)
+    p = subprocess.Popen([sys.executable, str(script), str(port), "1", "paravt_close"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         stdout=subprocess.PIPE, text=True)
+    g = init_weight_group("127.0.0.1", port, 0, 2, "paravt_close", "gloo", 30)
+    broadcast(g, torch.arange(4, dtype=torch.uint8), 30)
+    p.communicate(timeout=120)
+    assert gloo_threads() > before
+    destroy_weight_group(g)
+    destroy_weight_group(g)
+    assert gloo_threads() == before
+    with pytest.raises(RuntimeError, match="closed"):
+        broadcast(g, torch.zeros(4, dtype=torch.uint8), 5)
+
+
 SENDER_UNDER_TORCHRUN = textwrap.dedent("""
     import os, sys, time, torch
     from paravt.core.weight_sync import broadcast, destroy_weight_group, init_weight_group
