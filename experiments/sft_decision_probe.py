@@ -6,9 +6,10 @@ P(" check") / (P(" check") + P(" answer")) at that token on up to ``--rows`` row
 what the row itself did, beside the rows' own call rate. A model that fitted its data gives about the
 rows' rate; a sampled policy that departs from it while this matches points at the eval prompt instead.
 
-    python experiments/sft_decision_probe.py RUN_DIR [--ks 4 64] [--rows 30]
+    python experiments/sft_decision_probe.py RUN_DIR [--ks 4 64] [--rows 30] [--model sft_reading/final]
 
-RUN_DIR holds ``sft/final`` and ``world/local/paravt_sft_synth.parquet`` (the RL-effects pilot's layout).
+RUN_DIR holds ``world/local/paravt_sft_synth.parquet`` and the checkpoint ``--model`` (default
+``sft/final``, the last SFT phase; an earlier phase is ``sft_<name>/final``): the RL-effects pilot's layout.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("--ks", type=int, nargs="+", default=[4, 64])
     p.add_argument("--rows", type=int, default=30, help="main rows per K (the first ones, in file order)")
+    p.add_argument("--model", default="sft/final", help="the checkpoint, relative to RUN_DIR")
     a = p.parse_args(argv)
     d = Path(a.run_dir)
-    proc = load_processor(d / "sft/final", 784, 50176)  # configs/sft/tiny.yaml's video pixels
-    model = load_model(d / "sft/final", "float32").eval()
+    proc = load_processor(d / a.model, 784, 50176)  # configs/sft/tiny.yaml's video pixels
+    model = load_model(d / a.model, "float32").eval()
     tok = proc.tokenizer
     build = ExampleBuilder(proc, VideoSamplingConfig(fps=1.0, max_frames=64, min_pixels=784, max_pixels=50176), 1 << 16)
     check, answer, will = tok.encode(" check")[0], tok.encode(" answer")[0], tok.encode(" will")[-1]
