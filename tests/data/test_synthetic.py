@@ -1,5 +1,6 @@
 import hashlib
 import json
+from dataclasses import replace
 
 import pyarrow.parquet as pq
 import pytest
@@ -576,3 +577,24 @@ def test_rl_prompts_from_videos_the_cold_start_never_saw(tmp_path):
     rl_videos = {row["videos"][0]["video"] if isinstance(row.get("videos"), list) else row.get("video") for row in rl}
     assert rl and stats["rl_videos"] == "rl" and not (sft_videos & rl_videos), (sft_videos, rl_videos)
     assert all((tmp_path / "media" / v).is_file() for v in rl_videos)
+
+
+def test_reading_episodes_can_leave_the_call_turn_unsupervised():
+    """--no-reading-episode-calls: the episodes (always 'not visible ... I will check', made without an
+    overview) teach reading the reports, not when to call: every turn but the last has weight 0, and
+    the rows are otherwise the same."""
+    from paravt.data.synthetic import reading_rows
+
+    cfg = WorldConfig(max_events=1, reading_format="mixed")
+    full = [json.loads(r["messages"]) for r in reading_rows(cfg, 6)]
+    answer_only = [json.loads(r["messages"]) for r in reading_rows(replace(cfg, reading_episode_calls=False), 6)]
+    episodes = 0
+    for f, a in zip(full, answer_only):
+        turns = [i for i, m in enumerate(a) if m["role"] == "assistant"]
+        if len(turns) > 1:  # an episode: its call turn says "I will check"
+            episodes += 1
+            assert "I will check" in a[turns[0]]["content"][0]["text"]
+            assert [a[i].get("weight", 1) for i in turns] == [0] * (len(turns) - 1) + [1]
+            assert all("weight" not in f[i] for i in turns)
+        assert [{k: v for k, v in m.items() if k != "weight"} for m in a] == f
+    assert episodes == 3

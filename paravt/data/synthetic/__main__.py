@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--habit-sentence", action=argparse.BooleanOptionalAction, default=WorldConfig.habit_sentence,
                    help="with --sft-tool-rate: the call-or-skip decision as its own sentence ('I will check N "
                         "windows ...' / 'I will answer from them.') whether the overview saw the event or not")
+    p.add_argument("--reading-episode-calls", action=argparse.BooleanOptionalAction,
+                   default=WorldConfig.reading_episode_calls,
+                   help="the reading episodes' call turns (always 'not visible ... I will check', made without an "
+                        "overview) are supervised; --no-reading-episode-calls: only their answer turns")
     p.add_argument("--n-rl-videos", type=int, default=WorldConfig.n_rl_videos,
                    help="videos whose questions are the RL prompts, unseen by the cold start (0: the SFT videos)")
     p.add_argument("--overwrite", action="store_true", help="delete --out first")

@@ -376,7 +376,7 @@ def reading_rows(cfg: WorldConfig, n: int) -> list[dict[str, Any]]:
         if as_episode:  # the same video and question as an episode without overview frames
             spec, q = make_spec(cfg, "reading", j - 1), ex["question"]
             msgs = sft_main_messages(spec, q, 0, expert_trajectory(spec, q, 0, cfg), system)
-            if cfg.reading_format == "episode_answer":  # loss on the answer turn only, as in the user format
+            if cfg.reading_format == "episode_answer" or not cfg.reading_episode_calls:  # the answer turn only
                 last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
                 for m in msgs[:last]:
                     if m["role"] == "assistant":

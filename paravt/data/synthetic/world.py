@@ -111,6 +111,14 @@ class WorldConfig:
     # will show it at 1 fps.") and a skip ends it with "." as every sighting of the reading rows does.
     # (Either way, on seed 0 the tiny SFT policy called far less at K = 64 than its rows do.)
     habit_sentence: bool = False
+    # The episode rows of the reading lessons (reading_format episode/mixed, the reading_episode phase) are
+    # made without an overview, so their first turn always says "... not visible in the overview frames.
+    # I will check N windows ...". True: that turn is supervised with the rest. False: only the answer
+    # turns are (as episode_answer does): the lessons teach reading the reports, not when to call. With
+    # sft_tool_rate this matters: supervised, 1,500 such turns after 'not visible' taught the tiny cold
+    # start to call when the overview misses the event and skip when it shows it, the K-dependence the
+    # habit's coin is there to remove (docs/RESULTS.md, "where the cold start's K-dependence comes from").
+    reading_episode_calls: bool = True
     # Videos whose questions are the RL prompts and that the cold start never saw (0: the RL prompts
     # are the SFT videos' questions).
     n_rl_videos: int = 0
