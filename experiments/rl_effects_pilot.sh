@@ -10,6 +10,8 @@
 #   EVAL_Q (40 questions), DRAWS (4 per question), and the quickstart's sizes for the cold start.
 #   WORLD_FLAGS="--habit-sentence": the call-or-skip decision as its own sentence, seen or missed (on seed 0
 #   the SFT policy still called far less at K = 64: docs/RESULTS.md).
+#   WORLD_FLAGS="--habit-sentence --no-reading-episode-calls": also leave the reading episodes' call turns (made
+#   without an overview, always "not visible ... I will check") unsupervised (seed 0: gap +59.4 -> +13.8 points).
 #   SHARE_FROM=DIR: take the tiny model, the world and the perception base from another seed's OUT_DIR
 #   (one base model for every seed, as the paper has one Qwen3-VL-8B; seeds then differ in SFT, RL and eval).
 #
@@ -18,7 +20,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n 2,15p "$0"; exit 0; fi
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n 2,17p "$0"; exit 0; fi
 OUT="${1:-runs/rl_effects_pilot}"
 SEED="${SEED:-0}"; RATE="${TOOL_RATE:-0.5}"; RL_VIDEOS="${RL_VIDEOS:-40}"; RL_STEPS="${RL_STEPS:-60}"
 LR="${LR:-1e-4}"; N="${N_SAMPLES:-8}"; P="${PROMPTS:-2}"; EVAL_Q="${EVAL_Q:-40}"; DRAWS="${DRAWS:-4}"
