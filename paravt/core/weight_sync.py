@@ -155,6 +155,10 @@ def _set_pg_timeout(pg, timeout: timedelta) -> None:
         pg.set_timeout(timeout)
 
 
+#: Every WeightGroup not yet closed (closed by the atexit hook below).
+_OPEN: "weakref.WeakSet[WeightGroup]" = weakref.WeakSet()
+
+
 class WeightGroup:
     """A joined weight-update group: the only long-lived reference to torch's process group.
 
@@ -166,14 +170,12 @@ class WeightGroup:
     completed would exit as failed. A group with a transfer still running or one that failed (a
     peer gone, a timeout) is never destroyed: its destructor would wait for that transfer."""
 
-    _open: "weakref.WeakSet[WeightGroup]"
-
     def __init__(self, pg, name: str):
         self.pg = pg
         self.name = name
         self._in_flight = 0
         self._failed = False
-        WeightGroup._open.add(self)
+        _OPEN.add(self)
 
     def broadcast(self, tensor: torch.Tensor, timeout_s: float) -> None:
         import torch.distributed as dist  # noqa: PLC0415
@@ -197,7 +199,7 @@ class WeightGroup:
         import torch.distributed as dist  # noqa: PLC0415
 
         pg, self.pg = self.pg, None
-        WeightGroup._open.discard(self)
+        _OPEN.discard(self)
         if pg is None:
             return
         try:
@@ -216,12 +218,9 @@ class WeightGroup:
         return f"WeightGroup({self.name!r}, {'closed' if self.pg is None else 'open'})"
 
 
-WeightGroup._open = weakref.WeakSet()
-
-
 @atexit.register
 def _close_open_groups() -> None:
-    for g in list(WeightGroup._open):
+    for g in list(_OPEN):
         g.close()
 
 
