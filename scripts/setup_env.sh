@@ -20,13 +20,16 @@ pipq() {  # pip with one line per download/install step (first builds take minut
   local log rc attempt attempts="${PIPQ_ATTEMPTS:-3}"
   for ((attempt = 1; attempt <= attempts; attempt++)); do
     log="$(mktemp)"
+    # `|| rc=$?`: under this script's `set -e -o pipefail` a failing pipeline on its own line would end
+    # the script right here, silently, with no retry and no log. The filter never fails, so rc is pip's
+    # (or tee's) status.
+    rc=0
     "$venv/bin/pip" install --progress-bar off --retries 10 "$@" 2>&1 | tee "$log" \
       | { grep --line-buffered -E "^(Downloading|Installing collected|Successfully installed)" | cut -c1-150 \
-          | sed -u 's/^/[pip] /' || true; }
-    rc=${PIPESTATUS[0]}
+          | sed -u 's/^/[pip] /' || true; } || rc=$?
     if [[ "$rc" == 0 ]]; then rm -f "$log"; return 0; fi
     # The end of pip's log on stdout and stderr: CI logs may keep only one of them.
-    echo "[setup_env] pip install $* failed (exit $rc, attempt $attempt of $attempts); the end of its log:"
+    echo "[setup_env] pip install $* failed (exit $rc, attempt $attempt of $attempts; $(df -Ph "$venv" | awk 'NR==2 {print $4}') free on the venv's disk); the end of its log:"
     grep -v "^WARNING: Location" "$log" | tail -n 25 | sed 's/^/[pip] /' | tee /dev/stderr
     rm -f "$log"
     if ((attempt < attempts)); then sleep $((attempt * ${PIPQ_RETRY_SLEEP:-20})); fi

@@ -57,7 +57,9 @@ def test_setup_env_pip_retries_a_dropped_download(tmp_path):
         'if (( n < 3 )); then echo "ReadTimeoutError: read timed out (call $n)"; exit 1; fi\n'
         'echo "Successfully installed torch-2.13.0"\n')
     (venv / "bin/pip").chmod(0o755)
-    script = 'source <(sed -n "/^pipq()/,/^}/p" scripts/setup_env.sh); pipq "$1" torch==2.13.0; echo done'
+    # Under the options setup_env.sh itself runs with: a failing pipeline must not end the script unseen.
+    script = ('set -euo pipefail; source <(sed -n "/^pipq()/,/^}/p" scripts/setup_env.sh); '
+              'pipq "$1" torch==2.13.0; echo done')
     env = {"PATH": "/usr/bin:/bin", "PIPQ_RETRY_SLEEP": "0"}
     r = subprocess.run(["bash", "-c", script, "_", str(venv)], capture_output=True, text=True,
                        env={**env, "PIPQ_ATTEMPTS": "3"})
