@@ -1,7 +1,7 @@
 """Every stage's requirement files resolve on Linux x86_64 (CPython 3.11): each pinned wheel's own
-METADATA against the files' other pins (scripts/check_requirements.py), without installing. Downloads
-the pinned wheels (torch 2.9.1 is ~0.9 GB), hence slow. A pin this index does not serve is named and
-left out; a conflict fails."""
+METADATA against the files' other pins (scripts/check_requirements.py), without installing. Needs the
+package index (one pip dry run per pin, the wheels' metadata only where the index serves it), hence in
+the slow group. A pin this index does not serve is named and left out; a conflict fails."""
 
 from __future__ import annotations
 
