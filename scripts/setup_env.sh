@@ -48,6 +48,23 @@ cpu_torch() {
   fi
 }
 
+# What a stage's venv needs on disk while it is built (pip's downloads in TMPDIR, then the venv), measured
+# here; one line and exit 1 when the disk has less, instead of pip failing midway with ENOSPC.
+# PARAVT_MIN_FREE_GB overrides the figure (0: no check).
+enough_disk() {
+  local need free_venv free_tmp
+  case "$1" in vllm) need=10 ;; conformance) need=5 ;; cpu) need=3 ;; *) need=0 ;; esac
+  need="${PARAVT_MIN_FREE_GB:-$need}"
+  (( need > 0 )) || return 0
+  free_venv=$(df -Pk "$ROOT" | awk 'NR==2 {print int($4 / 1048576)}')
+  free_tmp=$(df -Pk "${TMPDIR:-/tmp}" | awk 'NR==2 {print int($4 / 1048576)}')
+  if (( free_venv < need || free_tmp < need )); then
+    echo "[setup_env] .venv-$1 needs about ${need} GB free while it is built; $ROOT has ${free_venv} GB and" \
+         "${TMPDIR:-/tmp} ${free_tmp} GB free (PARAVT_MIN_FREE_GB=0 skips this check)" >&2
+    exit 1
+  fi
+}
+
 build() {  # build <venv-name> <requirements file> [post-install command...]
   local name="$1" req="$2"; shift 2
   local venv="$ROOT/.venv-$name" stamp
@@ -63,6 +80,7 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
     echo "[setup_env] .venv-$name is up to date"; return 0
   fi
   echo "[setup_env] building .venv-$name from $req"
+  enough_disk "$name"
   "$PYTHON" -m venv "$venv"
   if [[ "$name" == cpu || "$name" == conformance ]]; then cpu_torch "$venv"; fi
   pipq "$venv" -r "$req"

@@ -73,6 +73,21 @@ def test_setup_env_pip_retries_a_dropped_download(tmp_path):
     assert "failed 2 times" in r.stderr and "ReadTimeoutError" in r.stdout
 
 
+def test_setup_env_names_a_disk_too_small_for_the_venv(tmp_path):
+    """Short of disk, a venv build stops before pip starts, with one line naming the need and what is free."""
+    script = ('set -euo pipefail; source <(sed -n "/^enough_disk()/,/^}/p" scripts/setup_env.sh); '
+              'ROOT="$1"; enough_disk vllm; echo checked')
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}
+    r = subprocess.run(["bash", "-c", script, "_", str(tmp_path)], capture_output=True, text=True,
+                       env={**env, "PARAVT_MIN_FREE_GB": "1000000"})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and "checked" not in r.stdout and len(lines) == 1, (r.stdout, r.stderr)
+    assert ".venv-vllm needs about 1000000 GB free" in lines[0] and str(tmp_path) in lines[0]
+    r = subprocess.run(["bash", "-c", script, "_", str(tmp_path)], capture_output=True, text=True,
+                       env={**env, "PARAVT_MIN_FREE_GB": "0"})
+    assert r.returncode == 0 and r.stdout.strip() == "checked", (r.stdout, r.stderr)
+
+
 @pytest.mark.launcher
 def test_a_gpu_recipe_without_cuda_is_one_line_and_exit_2():
     """No silent CPU fallback: the 8B recipes on a torch without CUDA name what is missing."""
