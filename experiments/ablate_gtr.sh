@@ -21,7 +21,7 @@ for RUN in para_observe gtr; do
   if [[ $RUN == gtr ]]; then ARGS=(configs/rl/tiny_gtr.yaml); else ARGS=(configs/rl/tiny.yaml gtr.mode=observe); fi
   if [[ -e "$OUT/rl_$RUN/final/config.json" ]]; then echo "reusing $OUT/rl_$RUN"; continue; fi
   echo "== RL: $RUN ($STEPS steps) -> $OUT/rl_$RUN"
-  python -m paravt.rl.train "${ARGS[@]}" model_path="$SRC/sft/final" output_dir="$OUT/rl_$RUN" \
+  NPROC=1 bash scripts/run_rl.sh "${ARGS[@]}" model_path="$SRC/sft/final" output_dir="$OUT/rl_$RUN" \
     "train_data=[$SRC/world/local/paravt_rl_synth.parquet]" max_steps="$STEPS" save_every="$STEPS" seed="$SEED"
 done
 COMMON=("split_paths={synthetic: $SRC/world/local}" "out=$OUT/eval" "limit=$LIMIT" "max_new_tokens=320" "overview=paravt"

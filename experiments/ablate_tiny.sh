@@ -10,7 +10,7 @@ OUT="${1:-runs/quickstart}"; shift || true
 [[ -e "$OUT/sft/final/config.json" ]] || { echo "no SFT checkpoint at $OUT/sft/final: run bash scripts/quickstart.sh first" >&2; exit 1; }
 for RUN in vanilla paragrpo; do
   RECIPE=configs/rl/tiny.yaml; [[ $RUN == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
-  python -m paravt.rl.train "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
+  NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
     "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" "$@"
 done
 python -m paravt.eval.report "$OUT"

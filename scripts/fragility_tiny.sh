@@ -40,12 +40,12 @@ say "native-format rows -> $OUT/native.parquet"
   "$W/paravt_reading_episode_synth.parquet" --out "$OUT/native.parquet"
 
 say "the base's own prior: $PRIOR_STEPS steps on native rows -> $OUT/prior"
-[[ -e "$OUT/prior/final/config.json" ]] || python -m paravt.sft.train configs/sft/tiny.yaml \
+[[ -e "$OUT/prior/final/config.json" ]] || NPROC=1 bash scripts/run_sft.sh configs/sft/tiny.yaml \
   model_path="$SRC/sft_reading_long/final" output_dir="$OUT/prior" "data=[{path: $OUT/native.parquet, name: native}]" \
   max_steps="$PRIOR_STEPS" save_every="$PRIOR_STEPS" seed="$SEED"
 
 say "cold-start SFT: $COLD_STEPS steps of the structured format -> $OUT/sft"
-[[ -e "$OUT/sft/final/config.json" ]] || python -m paravt.sft.train configs/sft/tiny.yaml \
+[[ -e "$OUT/sft/final/config.json" ]] || NPROC=1 bash scripts/run_sft.sh configs/sft/tiny.yaml \
   model_path="$OUT/prior/final" output_dir="$OUT/sft" \
   "data=[{path: $W/paravt_sft_synth.parquet, name: synthetic_sft}, {path: $W/paravt_reading_episode_synth.parquet, name: synthetic_reading_episode}]" \
   max_steps="$COLD_STEPS" save_every="$COLD_STEPS" seed="$SEED"
@@ -54,7 +54,7 @@ CROP_FRAMES=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['c
 for RUN in vanilla paragrpo; do
   RECIPE=configs/rl/tiny.yaml; [[ $RUN == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
   say "RL: $RUN ($FRAG_RL_STEPS steps) -> $OUT/rl_$RUN"
-  [[ -e "$OUT/rl_$RUN/final/config.json" ]] || python -m paravt.rl.train "$RECIPE" model_path="$OUT/sft/final" \
+  [[ -e "$OUT/rl_$RUN/final/config.json" ]] || NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" \
     output_dir="$OUT/rl_$RUN" "train_data=[$W/paravt_rl_synth.parquet]" max_steps="$FRAG_RL_STEPS" \
     save_every="$FRAG_RL_STEPS" seed="$SEED" hierarchical_agent.crop.max_frames="$CROP_FRAMES"
 done

@@ -2,7 +2,8 @@
 # The main job on the embedded default (CPU, no downloads):
 #   CPU venv -> tiny Qwen3-VL -> synthetic world -> materialize -> perception pretraining of the tiny
 #   base (stands in for Qwen3-VL's visual pretraining) -> cold-start SFT -> vanilla GRPO and PARA-GRPO (same steps, same seeds) -> eval at K=4 and K=64 -> report.
-# Finished stages are reused on a rerun (delete OUT_DIR to start over).
+# Finished stages are reused on a rerun (delete OUT_DIR to start over). SFT and RL run through the launchers
+# users run on GPU nodes (scripts/run_sft.sh, scripts/run_rl.sh: preflight, torchrun for RL), one process each.
 #   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
 #   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
 #   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (12), EVAL_LIMIT (60 questions per cell: the first 60 of the
@@ -66,7 +67,7 @@ if [[ -f "$OUT/world/local/materialize_report.json" ]]; then reuse; else
 # From a copy-warmed base it needs ~1200 steps instead of 600.
 step perception "4/8 perception pretraining of the tiny base ($PERC_STEPS steps) -> $OUT/perception"
 if [[ -e "$OUT/perception/final/config.json" ]]; then reuse; else
-  python -m paravt.sft.train configs/sft/tiny_perception.yaml model_path="$OUT/tiny_model" output_dir="$OUT/perception" \
+  NPROC=1 bash scripts/run_sft.sh configs/sft/tiny_perception.yaml model_path="$OUT/tiny_model" output_dir="$OUT/perception" \
     data.0.path="$OUT/world/local/paravt_perception_synth.parquet" max_steps="$PERC_STEPS" \
     save_every="$PERC_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE"; fi
 
@@ -95,7 +96,7 @@ for i in "${!PHASES[@]}"; do
   DEST="$OUT/sft_$NAME"; (( i == ${#PHASES[@]} - 1 )) && DEST="$OUT/sft"
   step "sft_$NAME" "5/8 cold-start SFT phase $(( i + 1 ))/${#PHASES[@]}: $NAME ($STEPS steps) -> $DEST"
   if [[ -e "$DEST/final/config.json" ]]; then reuse; else
-    python -m paravt.sft.train configs/sft/tiny.yaml model_path="$PREV/final" output_dir="$DEST" \
+    NPROC=1 bash scripts/run_sft.sh configs/sft/tiny.yaml model_path="$PREV/final" output_dir="$DEST" \
       "data=[$DATA]" max_steps="$STEPS" \
       save_every="$STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE"; fi
   PREV="$DEST"
@@ -114,7 +115,7 @@ for RUN in vanilla paragrpo; do
   RECIPE=configs/rl/tiny.yaml; [[ $RUN == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
   step "rl_$RUN" "6/8 RL: $RUN ($RL_STEPS steps) -> $OUT/rl_$RUN"
   if [[ -e "$OUT/rl_$RUN/final/config.json" ]]; then reuse; else
-    python -m paravt.rl.train "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
+    NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
       "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED" \
       hierarchical_agent.crop.max_frames="$CROP_FRAMES"; fi
 done

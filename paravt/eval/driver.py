@@ -84,6 +84,7 @@ class Evaluator:
         self.engine = None
         self.processor = None
         self.handles: list = []  # EngineHandle per engine (servers this run launched stop with them)
+        self._owner: Evaluator | None = None  # the evaluator whose engines this one shares (adopt)
         self.judge: MCQJudge | None = None  # the MCQ judge fallback's client, per split (its own event loop)
 
     # ------------------------------------------------------------------ engines
@@ -92,6 +93,10 @@ class Evaluator:
         client per server URL / launched SGLang replica."""
         cfg = self.cfg
         if self.handles:  # built for an earlier split (clients reopen their sessions on the new loop)
+            return
+        if self._owner is not None:  # started once, by the evaluator that owns them, for every adopter
+            self._owner._start()
+            self.handles, self.engine, self.processor = self._owner.handles, self._owner.engine, self._owner.processor
             return
         if cfg.backend == "hf":
             h = build_engine("hf", cfg.model, dtype=cfg.dtype)
@@ -114,7 +119,9 @@ class Evaluator:
 
     def adopt(self, other: "Evaluator") -> None:
         """Use ``other``'s engines (its launched servers, or its in-process model) instead of starting
-        new ones: the cells of one reproduce_paper row share them (:func:`engine_key` equal)."""
+        new ones: the cells of one reproduce_paper row share them (:func:`engine_key` equal). They start
+        when the first cell with samples left needs them, whichever evaluator that is."""
+        self._owner = other._owner or other
         self.handles, self.engine, self.processor = other.handles, other.engine, other.processor
 
     def stop_engines(self) -> None:
@@ -260,6 +267,8 @@ class Evaluator:
             if retry:
                 print(f"[eval] {split}: retrying {len(retry)} sample(s) lost in an earlier run", flush=True)
         todo = [(i, s) for i, s in enumerate(samples) if s.id not in done]
+        if todo:  # a split whose samples are all finished loads no model and launches no server
+            self._start()
         cache = OverviewCache(max_items=64)
         sem = asyncio.Semaphore(cfg.concurrency)
         bar = None
@@ -294,7 +303,6 @@ class Evaluator:
         ``keep_engines`` (the caller stops them: :meth:`stop_engines`)."""
         results = {}
         for k, split in enumerate(self.cfg.splits):
-            self._start()
             try:
                 results[split] = asyncio.run(self._split_then_close(split))
             except ResumeMismatch:

@@ -77,5 +77,8 @@ def run_identity(cfg: "EvalConfig", split: str) -> dict[str, Any]:
     flat = _flatten(asdict(cfg))
     keep = {k: v for k, v in flat.items()
             if not any(k == x or k.startswith(x + ".") for x in IDENTITY_EXCLUDED)}
+    if "model" in keep and Path(str(cfg.model)).exists():
+        # a checkpoint reached through a symlink (reproduce_tiny's seed_0 -> the quickstart's run) is the same
+        keep["model"] = os.path.realpath(str(cfg.model))
     return {"split": split, "weights": weights_fingerprint(str(cfg.model)), "use_tools": cfg.agentic,
             "shard": [cfg.shard_id, cfg.num_shards], **keep}

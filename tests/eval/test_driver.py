@@ -195,3 +195,30 @@ def test_sampled_eval_draws_each_question_several_times_from_its_own_seed(world,
 def test_sampled_eval_needs_a_temperature(world, tiny_dir, tmp_path):
     with pytest.raises(ValueError, match="needs temperature > 0"):
         _cfg(world, tiny_dir, tmp_path, samples_per_question=2)
+
+
+def test_a_finished_split_starts_no_engine_and_a_symlinked_checkpoint_resumes(world, tiny_dir, tmp_path, monkeypatch):
+    """Resuming reuses finished samples without loading the model (on a GPU node: without launching a
+    server); the same checkpoint reached through a symlink is the same run."""
+    import paravt.eval.driver as drv
+
+    built = []
+    real = drv.build_engine
+    monkeypatch.setattr(drv, "build_engine", lambda *a, **k: built.append(a) or real(*a, **k))
+    first = Evaluator(_cfg(world, tiny_dir, tmp_path, row="r", prompt_mode="direct")).run()["synthetic"]
+    assert first["evaluated"] == 4 and len(built) == 1
+    link = tmp_path / "link_to_ckpt"
+    link.symlink_to(tiny_dir, target_is_directory=True)
+    again = Evaluator(_cfg(world, link, tmp_path, row="r", prompt_mode="direct")).run()["synthetic"]
+    assert len(built) == 1, "a finished split loaded the model"
+    assert again["score"] == first["score"] and not list((tmp_path / "r/image_url").glob("*.bak"))
+    # cells sharing engines (reproduce_paper's rows): the first has nothing left, the second starts them
+    # through the first, so the first's stop_engines still stops what was started
+    owner = Evaluator(_cfg(world, tiny_dir, tmp_path, row="r", prompt_mode="direct"))
+    owner.run(keep_engines=True)
+    adopter = Evaluator(_cfg(world, tiny_dir, tmp_path, row="r2", prompt_mode="direct"))
+    adopter.adopt(owner)
+    assert adopter.run(keep_engines=True)["synthetic"]["evaluated"] == 4
+    assert len(built) == 2 and owner.handles and owner.handles is adopter.handles
+    owner.stop_engines()
+    assert owner.handles == []
