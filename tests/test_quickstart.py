@@ -63,6 +63,7 @@ def test_short_quickstart(tmp_path):
     assert "training format compliance, PARA-GRPO" in md
     # Format Fragility on a base with a prior of its own, in every seed's folder
     assert "## Format Fragility" in md and (rep / "fragility_curves.png").stat().st_size > 1000
+    assert "Settings: both arms at K = 4; native rows' reasoning keep" in md and "E3 asks" in md
     for s in ("seed_0", "seed_1"):
         assert (rep / s / "fragility/rl_vanilla/final/config.json").exists()
         assert pq.read_metadata(rep / s / "fragility/native.parquet").num_rows > 0

@@ -156,3 +156,33 @@ def test_the_gpu_split_of_run_rl():
     r = subprocess.run([sys.executable, "-m", "paravt.rl.launch", "8", "7"], capture_output=True, text=True,
                        env={**os.environ, "NNODES": "2", "NODE_RANK": "1", "PARAVT_VISIBLE_DEVICES": ""})
     assert r.stdout.split() == ["0,1,2,3,4,5,6,7", "8", "15"]
+
+
+def test_fragility_tiny_names_a_bad_knob_and_refuses_a_folder_made_with_other_settings(tmp_path):
+    """FRAG_K and NATIVE_REASONING are checked before any work; a fragility folder made with other settings (or
+    with none recorded) is never reused for a run that asks for different ones."""
+    src = tmp_path / "seed_0"
+    for f in ("world/local/paravt_sft_synth.parquet", "world/local/paravt_reading_episode_synth.parquet",
+              "sft_reading_long/final/config.json"):
+        (src / f).parent.mkdir(parents=True, exist_ok=True)
+        (src / f).write_text("")
+
+    def run(**env):
+        return subprocess.run(["bash", "scripts/fragility_tiny.sh", str(src)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, **env})
+
+    for env, msg in (({"FRAG_K": "many"}, "FRAG_K must be a frame count or 'recipe', got 'many'"),
+                     ({"NATIVE_REASONING": "some"}, "NATIVE_REASONING must be keep or drop, got 'some'")):
+        r = run(**env)
+        assert r.returncode == 2 and r.stderr.strip() == msg, r.stderr
+    frag = src / "fragility"
+    frag.mkdir()
+    (frag / "settings.json").write_text('{"frag_k": "recipe", "native_reasoning": "drop", "prior_steps": 300, '
+                                        '"cold_steps": 150, "rl_steps": 60}\n')
+    r = run()
+    assert r.returncode == 2 and "was made with" in r.stderr and "set FRAG_DIR to a fresh folder" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    (frag / "settings.json").unlink()
+    (frag / "native.parquet").write_text("")
+    r = run()
+    assert r.returncode == 2 and "settings were not recorded" in r.stderr, r.stderr

@@ -13,7 +13,8 @@
   K <= 8 for PARA-GRPO (gated K) (Tool Necessity Gap), per seed and across seeds;
 * Format Fragility on a base with a tool prior of its own (``seed_<s>/fragility/``, written by
   ``scripts/fragility_tiny.sh``): training-time compliance of vanilla GRPO and PARA-GRPO from the same
-  cold start, PARA − vanilla at the end of training across seeds, and the curves
+  cold start, the change in compliance from the first fifth of the steps to the last, PARA − vanilla
+  across seeds (judged against the E3 criterion), and the curves
   (``OUT/fragility_curves.png``).
 """
 
@@ -139,32 +140,84 @@ def _compliance_curve(run: Path, d: str) -> np.ndarray:
                      if "format/compliance" in m], dtype=float)
 
 
+def change_bootstrap(pairs: list[tuple[np.ndarray, np.ndarray]], n_boot: int = 10000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """Mean over seeds of ``mean(last) - mean(first)`` and a 95% interval: seeds drawn with replacement,
+    then, within each drawn seed, the steps of its first and of its last window drawn with replacement."""
+    g = rng("change_bootstrap", seed)
+    means = np.array([b.mean() - a.mean() for a, b in pairs])
+    boots = np.empty(n_boot)
+    for i in range(n_boot):
+        picks = g.integers(0, len(pairs), size=len(pairs))
+        boots[i] = np.mean([pairs[j][1][g.integers(0, len(pairs[j][1]), len(pairs[j][1]))].mean()
+                            - pairs[j][0][g.integers(0, len(pairs[j][0]), len(pairs[j][0]))].mean() for j in picks])
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return float(means.mean()), float(lo), float(hi)
+
+
+# Format Fragility's criterion (decided before the runs): on a base 25-65% compliant at RL start, the change in
+# training-time compliance from the first fifth of the steps to the last fifth, PARA-GRPO minus vanilla GRPO,
+# at least +15 points with the interval's lower bound above 0.
+FRAGILITY_BASE = (0.25, 0.65)
+FRAGILITY_MIN_EFFECT = 0.15
+
+
 def fragility_table(runs: list[Path], seed: int = 0, frac: float = 0.2) -> str:
-    """Training-time format compliance on the strong-prior base, per seed: the first step, the last
-    fifth of the steps, and PARA − vanilla over that last fifth; across seeds: the mean difference
-    with a 95% interval from a two-level bootstrap (seeds, then the steps of the last fifth, paired by
-    step: both arms see the same prompts at a step)."""
-    rows, diffs = [], []
+    """Training-time format compliance on the strong-prior base, per seed and arm: the first fifth of the
+    steps and the last fifth; PARA − vanilla of their changes (first fifth -> last fifth), per seed and,
+    across seeds, with a 95% interval (seeds, then the steps of each window, paired by step: both arms see
+    the same prompts at a step). Judged against E3: a base 25-65% compliant at RL start, and a difference
+    of the changes of at least +15 points whose interval stays above 0."""
+    rows, pairs, starts = [], [], []
     for r in runs:
         v, p = (_compliance_curve(r, d) for _, d in FRAGILITY_ARMS)
         if not len(v) or not len(p):
             continue
         n = min(len(v), len(p))
         k = max(1, int(round(n * frac)))
-        d = p[n - k:n] - v[n - k:n]
-        diffs.append(d)
-        rows.append(f"| {r.name.split('_')[1]} | {n} | {100 * v[0]:.0f} → {100 * v[n - k:n].mean():.0f} | "
-                    f"{100 * p[0]:.0f} → {100 * p[n - k:n].mean():.0f} | {100 * d.mean():+.0f} |")
+        first, last = p[:k] - v[:k], p[n - k:n] - v[n - k:n]
+        pairs.append((first, last))
+        starts.append((v[:k].mean() + p[:k].mean()) / 2)
+        rows.append(f"| {r.name.split('_')[1]} | {n} | {100 * v[:k].mean():.0f} → {100 * v[n - k:n].mean():.0f} | "
+                    f"{100 * p[:k].mean():.0f} → {100 * p[n - k:n].mean():.0f} | {100 * last.mean():+.0f} | "
+                    f"{100 * (last.mean() - first.mean()):+.1f} |")
     if not rows:
         return ""
-    if len(diffs) > 1:
-        mean, lo, hi = two_level_bootstrap(diffs, seed=seed)
-        verdict = ("shown (≥ 20 points, interval excludes 0)" if lo > 0 and mean >= 0.2 else
-                   "interval excludes 0, below 20 points" if lo > 0 else
-                   "reversed" if hi < 0 else "not shown (interval contains 0)")
-        rows.append(f"| across {len(diffs)} seeds | | | | {100 * mean:+.0f} [{100 * lo:+.0f}, {100 * hi:+.0f}]: {verdict} |")
-    return md_table(["seed", "RL steps", "vanilla GRPO: step 1 → last fifth (%)", "PARA-GRPO: step 1 → last fifth (%)",
-                     "PARA − vanilla, last fifth (points)"], rows)
+    lo_b, hi_b = FRAGILITY_BASE
+    base = float(np.mean(starts))
+    base_ok = all(lo_b <= s <= hi_b for s in starts)
+    if len(pairs) > 1:
+        mean, lo, hi = change_bootstrap(pairs, seed=seed)
+        verdict = ("met" if mean >= FRAGILITY_MIN_EFFECT and lo > 0 else
+                   "not met: reversed" if hi < 0 else
+                   "not met: interval contains 0" if lo <= 0 else f"not met: below +{100 * FRAGILITY_MIN_EFFECT:.0f}")
+        if not base_ok:
+            verdict += (f"; the base's precondition failed (compliance at RL start {', '.join(f'{100 * s:.0f}' for s in starts)}%,"
+                        f" asked {100 * lo_b:.0f}-{100 * hi_b:.0f}%)")
+        rows.append(f"| across {len(pairs)} seeds | | | | | {100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]: {verdict} |")
+    table = md_table(["seed", "RL steps", "vanilla GRPO: first fifth → last fifth (%)",
+                      "PARA-GRPO: first fifth → last fifth (%)", "PARA − vanilla, last fifth (points)",
+                      "PARA − vanilla of the changes (points)"], rows)
+    return (f"Compliance at RL start (first fifth, both arms): {100 * base:.0f}% "
+            f"({'within' if base_ok else 'outside'} the {100 * lo_b:.0f}-{100 * hi_b:.0f}% a base with something to "
+            f"protect asks, in {'every' if base_ok else 'not every'} seed). E3 asks PARA − vanilla of the changes "
+            f">= +{100 * FRAGILITY_MIN_EFFECT:.0f} points with the interval above 0.\n\n" + table)
+
+
+def fragility_settings(runs: list[Path]) -> str:
+    """What scripts/fragility_tiny.sh ran with (its settings.json), or 'not recorded' (older folders)."""
+    import json  # noqa: PLC0415
+
+    seen = {(r / "fragility" / "settings.json").read_text().strip() for r in runs if (r / "fragility" / "settings.json").exists()}
+    if not seen:
+        return "not recorded"
+    described = []
+    for text in sorted(seen):
+        d = json.loads(text)
+        k = "each arm at its recipe's K" if d.get("frag_k") == "recipe" else f"both arms at K = {d.get('frag_k')}"
+        described.append(f"{k}; native rows' reasoning {d.get('native_reasoning')}; prior {d.get('prior_steps')}, "
+                         f"cold start {d.get('cold_steps')}, RL {d.get('rl_steps')} steps")
+    return " | ".join(described) + (" (the seeds differ)" if len(described) > 1 else "")
 
 
 def fragility_curves(runs: list[Path], path: Path, window: int = 5) -> Path | None:
@@ -219,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         png = fragility_curves(runs, out / "fragility_curves.png")
         md += ["## Format Fragility on a base with a tool prior (scripts/fragility_tiny.sh)", "",
                "The base is first trained on the episodes in an instruct model's native format (Hermes calls, plain",
-               "answers, no think block), then given a short cold-start SFT in the structured format; vanilla GRPO",
-               "and PARA-GRPO then train from that checkpoint (same steps, same seed). Compliance = every turn a",
-               "closed think block followed by parseable calls or a non-empty answer (the rollouts at temperature).", "",
+               "answers, no think or answer tags), then given a short cold-start SFT in the structured format; vanilla",
+               "GRPO and PARA-GRPO then train from that checkpoint (same steps, same seed). Compliance = every turn a",
+               "closed think block followed by parseable calls or a non-empty answer (the rollouts at temperature).",
+               f"Settings: {fragility_settings(runs)}.", "",
                frag, "", f"![compliance curves]({png.name})" if png else "", ""]
     (out / "report.md").write_text("\n".join(md))
     print("\n".join(md))

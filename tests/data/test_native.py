@@ -1,5 +1,6 @@
-"""Native-format rows (a tool prior of the tiny base's own): think blocks and answer tags removed from
-every assistant turn, tool calls kept as written, crop summaries untouched, bad input one line."""
+"""Native-format rows (a tool prior of the tiny base's own): think and answer tags removed from every
+assistant turn, the reasoning kept as plain text (or dropped on request), tool calls kept as written,
+crop summaries untouched, bad input one line."""
 
 from __future__ import annotations
 
@@ -21,11 +22,23 @@ CALL = '<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "v.mp4",
 def test_a_native_turn_keeps_calls_and_answers_and_drops_the_structure():
     first = f"<think>\nThe circle is not in the overview. I will check.\n</think>\n{CALL}"
     last = "<think>\nThe circle is visible from 23.5 s. It is cyan, option A.\n</think>\n<answer>A</answer>"
-    n1, n2 = to_native(first), to_native(last)
+    n1, n2 = to_native(first, keep_reasoning=False), to_native(last, keep_reasoning=False)
     assert n1 == CALL and n2 == "A"
     assert [c.arguments for c in parse_tool_calls(n1).calls] == [c.arguments for c in parse_tool_calls(first).calls]
     assert score(n2, "A", "mcq").value == 1.0  # the plain answer still scores
     assert episode_well_formed([first, last]) and not episode_well_formed([n1, n2])  # but is not compliant
+
+
+def test_the_reasoning_is_kept_as_plain_text_by_default():
+    first = f"<think>\nThe circle is not in the overview. I will check.\n</think>\n{CALL}"
+    last = "<think>\nThe circle is visible from 23.5 s. It is cyan, option B is wrong.\n</think>\n<answer>A</answer>"
+    n1, n2 = to_native(first), to_native(last)
+    assert n1 == f"The circle is not in the overview. I will check.\n{CALL}"
+    assert n2 == "The circle is visible from 23.5 s. It is cyan, option B is wrong.\nA"
+    assert "<think>" not in n1 + n2 and "<answer>" not in n2
+    assert [c.arguments for c in parse_tool_calls(n1).calls] == [c.arguments for c in parse_tool_calls(first).calls]
+    assert score(n2, "A", "mcq").value == 1.0  # the answer after the reasoning is the one scored
+    assert not episode_well_formed([n1, n2])
 
 
 def _rows(path, rows):
@@ -45,7 +58,12 @@ def test_the_cli_rewrites_main_rows_keeps_subagent_rows_and_names_a_bad_row(tmp_
     assert r.returncode == 0 and json.loads(r.stdout)["rewritten"] == 1, r.stderr
     out = pq.read_table(tmp_path / "out.parquet").to_pylist()
     msgs = json.loads(out[0]["messages"])
-    assert out[0]["kind"] == "native_main" and [m["content"][0]["text"] for m in msgs if m["role"] == "assistant"] == [CALL, "A"]
+    assert out[0]["kind"] == "native_main" and json.loads(r.stdout)["reasoning"] == "kept"
+    assert [m["content"][0]["text"] for m in msgs if m["role"] == "assistant"] == ["look\n" + CALL, "cyan\nA"]
+    r = subprocess.run([sys.executable, "-m", "paravt.data.synthetic.native", str(tmp_path / "in.parquet"),
+                        "--out", str(tmp_path / "dropped.parquet"), "--drop-reasoning"], capture_output=True, text=True)
+    msgs = json.loads(pq.read_table(tmp_path / "dropped.parquet").to_pylist()[0]["messages"])
+    assert r.returncode == 0 and [m["content"][0]["text"] for m in msgs if m["role"] == "assistant"] == [CALL, "A"]
     assert out[1]["messages"] == json.dumps(sub) and out[1]["kind"] == "subagent"
 
     _rows(tmp_path / "plain.parquet", [{"id": "p7", "kind": "main", "messages": json.dumps(sub)}])

@@ -56,21 +56,32 @@ def _fragility(run, vanilla, para):
             json.dumps({"step": i + 1, "format/compliance": c}) + "\n" for i, c in enumerate(curve)))
 
 
-def test_fragility_table_and_curves_across_seeds(tmp_path):
-    """Vanilla's compliance falls from 0.9 to 0.3 while PARA's stays at 0.9 in every seed: +55 points over
-    the last fifth, shown; two more seeds where they do not widen the interval, and the verdict follows it."""
+def test_fragility_table_judges_the_change_from_the_first_fifth_on_a_base_with_something_to_protect(tmp_path):
+    """On a base 50% compliant at RL start, vanilla's compliance falls 0.5 -> 0.2 while PARA's rises to 0.6 in
+    every seed: the changes differ by +34 points, E3 met. A base at 90% fails the precondition, named;
+    two more seeds that cancel the effect leave an interval containing 0, and the verdict follows it."""
     from paravt.eval.seeds import fragility_table
 
-    falling = [0.9 - 0.6 * i / 19 for i in range(20)]
+    falling = [0.5 - 0.3 * i / 19 for i in range(20)]
+    rising = [0.5 + 0.1 * i / 19 for i in range(20)]
     for s in range(3):
-        _fragility(tmp_path / f"seed_{s}", falling, [0.9] * 20)
+        _fragility(tmp_path / f"seed_{s}", falling, rising)
     md = fragility_table(sorted(tmp_path.glob("seed_*")))
-    assert "| 0 | 20 | 90 → 35 | 90 → 90 | +55 |" in md, md  # last fifth: steps 17-20
-    assert "shown (≥ 20 points, interval excludes 0)" in md
-    _fragility(tmp_path / "seed_3", [0.9] * 20, [0.9] * 20)
-    _fragility(tmp_path / "seed_4", [0.9] * 20, [0.5] * 20)
+    # first fifth = steps 1-4, last fifth = steps 17-20
+    assert "| 0 | 20 | 48 → 22 | 51 → 59 | +37 | +33.7 |" in md, md
+    assert "Compliance at RL start (first fifth, both arms): 49% (within" in md
+    assert "| across 3 seeds | | | | | +33.7 [" in md and "]: met |" in md, md
+
+    strong = tmp_path / "strong"
+    for s in range(3):
+        _fragility(strong / f"seed_{s}", [0.9 - 0.6 * i / 19 for i in range(20)], [0.9] * 20)
+    md = fragility_table(sorted(strong.glob("seed_*")))
+    assert "the base's precondition failed (compliance at RL start 88, 88, 88%, asked 25-65%)" in md, md
+
+    _fragility(tmp_path / "seed_3", rising, falling)
+    _fragility(tmp_path / "seed_4", rising, falling)
     md = fragility_table(sorted(tmp_path.glob("seed_*")))
-    assert "not shown (interval contains 0)" in md, md
+    assert "not met: interval contains 0" in md, md
     assert main([str(tmp_path)]) == 0
     report = (tmp_path / "report.md").read_text()
     assert "## Format Fragility" in report and (tmp_path / "fragility_curves.png").stat().st_size > 1000
