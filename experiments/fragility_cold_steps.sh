@@ -4,14 +4,16 @@
 #   bash experiments/fragility_cold_steps.sh SEED_DIR [OUT_DIR]   (SEED_DIR: a quickstart folder, as fragility_tiny.sh)
 #   STEPS ("10 20 40 80 150"): cold-start lengths measured (one SFT run, a checkpoint every 10 steps);
 #   PRIOR_STEPS (300), NATIVE_REASONING (keep), FRAG_K (4), SEED (0), EVAL_Q (20 questions), DRAWS (4 per question).
-# The prior and the cold start are fragility_tiny.sh's own stages (the same commands, FRAG_DIR=OUT_DIR). Each
-# checkpoint is then sampled at the rollout temperature on held-out questions at K = FRAG_K, twice: without
-# the forced "<think>" prefix (vanilla GRPO's rollouts) and with it (PARA-GRPO's constrained decoding); its
-# format compliance is the share of episodes well formed.
+# The prior and the cold start are fragility_tiny.sh's own stages (the same commands, FRAG_DIR=OUT_DIR). The
+# cold start's schedule is planned over the longest length, so the checkpoint at step s is the cold start that
+# COLD_STEPS=s COLD_SCHEDULE_STEPS=<longest> gives fragility_tiny.sh (same seed). Each checkpoint is then
+# sampled at the rollout temperature on held-out questions at K = FRAG_K, twice: without the forced "<think>"
+# prefix (vanilla GRPO's rollouts) and with it (PARA-GRPO's constrained decoding); its format compliance is the
+# share of episodes well formed.
 # Writes OUT_DIR/cold_steps.tsv: steps, think prefix, compliance, score, P(call).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ "${1:-}" == -h || "${1:-}" == --help || $# -lt 1 ]]; then sed -n 2,10p "$0"; [[ $# -ge 1 ]]; exit $?; fi
+if [[ "${1:-}" == -h || "${1:-}" == --help || $# -lt 1 ]]; then sed -n 2,13p "$0"; [[ $# -ge 1 ]]; exit $?; fi
 SRC="$(cd "$1" && pwd)"; OUT="${2:-$SRC/fragility_cold_steps}"
 STEPS="${STEPS:-10 20 40 80 150}"; MAX=$(tr ' ' '\n' <<<"$STEPS" | sort -n | tail -1)
 for s in $STEPS; do (( s % 10 == 0 )) || { echo "STEPS: $s is not a multiple of 10 (a checkpoint every 10 steps)" >&2; exit 2; }; done

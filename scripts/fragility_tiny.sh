@@ -7,8 +7,11 @@
 #   FRAG_K (4): both RL arms train at this one overview budget, so their compliance compares on the same
 #     episodes (PARA-GRPO keeps its format reward and anchoring, without nFrames gating); FRAG_K=recipe: each
 #     arm at its recipe's K (vanilla 64, PARA-GRPO gated over 4..64).
-#   COLD_SAVE_EVERY (COLD_STEPS): a cold-start checkpoint every N steps, all kept; STOP_BEFORE_RL=1 stops after the
-#     cold start (experiments/fragility_cold_steps.sh measures compliance per cold-start length with both).
+#   COLD_SCHEDULE_STEPS (COLD_STEPS): the cold start's warm-up + cosine is planned over this many steps and stopped at
+#     COLD_STEPS, as the authors plan 1500 SFT steps and release step 500; a checkpoint of a longer run is then the
+#     same model as a run stopped there. COLD_SAVE_EVERY (COLD_STEPS): a cold-start checkpoint every N steps, all
+#     kept; STOP_BEFORE_RL=1 stops after the cold start (experiments/fragility_cold_steps.sh measures compliance per
+#     cold-start length with the three).
 #   NATIVE_REASONING (keep): the native rows keep the think block's text as plain text, so they answer as well
 #     as the structured rows; drop: python -m paravt.data.synthetic.native --drop-reasoning.
 # The prior: the quickstart's episode rows rewritten in the native format of an instruct model
@@ -40,12 +43,15 @@ if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
 else
   PRIOR_STEPS="${PRIOR_STEPS:-300}"; COLD_STEPS="${COLD_STEPS:-150}"; FRAG_RL_STEPS="${FRAG_RL_STEPS:-60}"
 fi
+COLD_SCHEDULE="${COLD_SCHEDULE_STEPS:-$COLD_STEPS}"
+[[ "$COLD_SCHEDULE" =~ ^[1-9][0-9]*$ ]] && (( COLD_SCHEDULE >= COLD_STEPS )) || {
+  echo "COLD_SCHEDULE_STEPS must be a step count >= COLD_STEPS ($COLD_STEPS), got '$COLD_SCHEDULE'" >&2; exit 2; }
 W="$SRC/world/local"
 for need in "$W/paravt_sft_synth.parquet" "$W/paravt_reading_episode_synth.parquet" "$SRC/sft_reading_long/final/config.json"; do
   [[ -e "$need" ]] || { echo "error: $need does not exist (run bash scripts/quickstart.sh $SRC first)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
-SETTINGS="{\"frag_k\": \"$FRAG_K\", \"native_reasoning\": \"$NATIVE_REASONING\", \"prior_steps\": $PRIOR_STEPS, \"cold_steps\": $COLD_STEPS, \"rl_steps\": $FRAG_RL_STEPS}"
+SETTINGS="{\"frag_k\": \"$FRAG_K\", \"native_reasoning\": \"$NATIVE_REASONING\", \"prior_steps\": $PRIOR_STEPS, \"cold_steps\": $COLD_STEPS, \"cold_schedule_steps\": $COLD_SCHEDULE, \"rl_steps\": $FRAG_RL_STEPS}"
 if [[ -f "$OUT/settings.json" && "$(cat "$OUT/settings.json")" != "$SETTINGS" ]]; then
   echo "error: $OUT was made with $(cat "$OUT/settings.json"), not $SETTINGS: set FRAG_DIR to a fresh folder" >&2; exit 2
 elif [[ ! -f "$OUT/settings.json" && -e "$OUT/native.parquet" ]]; then
@@ -64,11 +70,11 @@ say "the base's own prior: $PRIOR_STEPS steps on native rows -> $OUT/prior"
   model_path="$SRC/sft_reading_long/final" output_dir="$OUT/prior" "data=[{path: $OUT/native.parquet, name: native}]" \
   max_steps="$PRIOR_STEPS" save_every="$PRIOR_STEPS" seed="$SEED"
 
-say "cold-start SFT: $COLD_STEPS steps of the structured format -> $OUT/sft"
+say "cold-start SFT: $COLD_STEPS steps of the structured format (schedule planned over $COLD_SCHEDULE) -> $OUT/sft"
 [[ -e "$OUT/sft/final/config.json" ]] || NPROC=1 bash scripts/run_sft.sh configs/sft/tiny.yaml \
   model_path="$OUT/prior/final" output_dir="$OUT/sft" \
   "data=[{path: $W/paravt_sft_synth.parquet, name: synthetic_sft}, {path: $W/paravt_reading_episode_synth.parquet, name: synthetic_reading_episode}]" \
-  max_steps="$COLD_STEPS" save_every="${COLD_SAVE_EVERY:-$COLD_STEPS}" \
+  max_steps="$COLD_STEPS" optim.schedule_steps="$COLD_SCHEDULE" save_every="${COLD_SAVE_EVERY:-$COLD_STEPS}" \
   keep_last=$(( COLD_STEPS / ${COLD_SAVE_EVERY:-$COLD_STEPS} + 1 )) seed="$SEED"
 [[ "${STOP_BEFORE_RL:-0}" == 1 ]] && { say "stopping before RL (STOP_BEFORE_RL=1)"; exit 0; }
 

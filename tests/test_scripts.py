@@ -172,7 +172,9 @@ def test_fragility_tiny_names_a_bad_knob_and_refuses_a_folder_made_with_other_se
                               env={**os.environ, **env})
 
     for env, msg in (({"FRAG_K": "many"}, "FRAG_K must be a frame count or 'recipe', got 'many'"),
-                     ({"NATIVE_REASONING": "some"}, "NATIVE_REASONING must be keep or drop, got 'some'")):
+                     ({"NATIVE_REASONING": "some"}, "NATIVE_REASONING must be keep or drop, got 'some'"),
+                     ({"COLD_STEPS": "40", "COLD_SCHEDULE_STEPS": "20"},
+                      "COLD_SCHEDULE_STEPS must be a step count >= COLD_STEPS (40), got '20'")):
         r = run(**env)
         assert r.returncode == 2 and r.stderr.strip() == msg, r.stderr
     frag = src / "fragility"

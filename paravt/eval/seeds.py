@@ -216,7 +216,10 @@ def fragility_settings(runs: list[Path]) -> str:
         d = json.loads(text)
         k = "each arm at its recipe's K" if d.get("frag_k") == "recipe" else f"both arms at K = {d.get('frag_k')}"
         described.append(f"{k}; native rows' reasoning {d.get('native_reasoning')}; prior {d.get('prior_steps')}, "
-                         f"cold start {d.get('cold_steps')}, RL {d.get('rl_steps')} steps")
+                         f"cold start {d.get('cold_steps')}"
+                         + (f" (schedule planned over {d['cold_schedule_steps']})"
+                            if d.get("cold_schedule_steps", d.get("cold_steps")) != d.get("cold_steps") else "")
+                         + f", RL {d.get('rl_steps')} steps")
     return " | ".join(described) + (" (the seeds differ)" if len(described) > 1 else "")
 
 
