@@ -3,7 +3,8 @@
 # scripts/fragility_tiny.sh's COLD_STEPS (the fragility criterion asks for a base 25-65% compliant at RL start).
 #   bash experiments/fragility_cold_steps.sh SEED_DIR [OUT_DIR]   (SEED_DIR: a quickstart folder, as fragility_tiny.sh)
 #   STEPS ("10 20 40 80 150"): cold-start lengths measured (one SFT run, a checkpoint every 10 steps);
-#   PRIOR_STEPS (300), NATIVE_REASONING (keep), FRAG_K (4), SEED (0), EVAL_Q (20 questions), DRAWS (4 per question).
+#   FRAG_BASE (sft_reading_long), PRIOR_STEPS (300), NATIVE_REASONING (keep), FRAG_K (4), SEED (0), EVAL_Q (20
+#   questions), DRAWS (4 per question).
 # The prior and the cold start are fragility_tiny.sh's own stages (the same commands, FRAG_DIR=OUT_DIR). The
 # cold start's schedule is planned over the longest length, so the checkpoint at step s is the cold start that
 # COLD_STEPS=s COLD_SCHEDULE_STEPS=<longest> gives fragility_tiny.sh (same seed). Each checkpoint is then
@@ -13,7 +14,7 @@
 # Writes OUT_DIR/cold_steps.tsv: steps, think prefix, compliance, score, P(call).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ "${1:-}" == -h || "${1:-}" == --help || $# -lt 1 ]]; then sed -n 2,13p "$0"; [[ $# -ge 1 ]]; exit $?; fi
+if [[ "${1:-}" == -h || "${1:-}" == --help || $# -lt 1 ]]; then sed -n 2,14p "$0"; [[ $# -ge 1 ]]; exit $?; fi
 SRC="$(cd "$1" && pwd)"; OUT="${2:-$SRC/fragility_cold_steps}"
 STEPS="${STEPS:-10 20 40 80 150}"; MAX=$(tr ' ' '\n' <<<"$STEPS" | sort -n | tail -1)
 for s in $STEPS; do (( s % 10 == 0 )) || { echo "STEPS: $s is not a multiple of 10 (a checkpoint every 10 steps)" >&2; exit 2; }; done
@@ -27,7 +28,7 @@ CROP=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config']
 K="${FRAG_K:-4}"; [[ "$K" == recipe ]] && K=64
 printf 'steps\tthink_prefix\tcompliance\tscore\tp_call\n' > "$OUT/cold_steps.tsv"
 for s in $STEPS; do for PREFIX in false true; do
-  M="$OUT/sft/checkpoints/step_$s/hf"; [[ $s == "$MAX" ]] && M="$OUT/sft/final"
+  M="$OUT/sft/checkpoints/$(printf step_%06d "$s")/hf"; [[ $s == "$MAX" ]] && M="$OUT/sft/final"
   ROW="cold$s-prefix_$PREFIX-K$K"
   python -m paravt.eval.driver row="$ROW" model="$M" nframes="$K" think_prefix="$PREFIX" "split_paths={synthetic: $SRC/world/local}" \
     out="$OUT/eval" limit="${EVAL_Q:-20}" overview=paravt resume=auto max_new_tokens=320 concurrency=64 progress=false \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Format Fragility at tiny scale: a base with a tool prior of its own, a cold-start SFT, then vanilla
 # GRPO and PARA-GRPO from that SFT (same steps, same seed). Runs inside a finished quickstart folder.
-#   bash scripts/fragility_tiny.sh SEED_DIR        (a quickstart OUT_DIR: needs world/ and sft_reading_long/final)
+#   bash scripts/fragility_tiny.sh SEED_DIR        (a quickstart OUT_DIR: needs world/ and FRAG_BASE/final)
 #   Sizes (environment): PRIOR_STEPS (300), COLD_STEPS (150), FRAG_RL_STEPS (60), SEED (0);
 #     QUICKSTART_SMALL=1: 10 / 10 / 4 (a few minutes; CI)
 #   FRAG_K (4): both RL arms train at this one overview budget, so their compliance compares on the same
@@ -12,11 +12,14 @@
 #     same model as a run stopped there. COLD_SAVE_EVERY (COLD_STEPS): a cold-start checkpoint every N steps, all
 #     kept; STOP_BEFORE_RL=1 stops after the cold start (experiments/fragility_cold_steps.sh measures compliance per
 #     cold-start length with the three).
+#   FRAG_BASE (sft_reading_long): the quickstart checkpoint under SEED_DIR the prior starts from. sft_reading_long has
+#     the reading lessons but not yet the episodes; sft (the quickstart's last phase) already answers the episodes,
+#     so the native prior and the cold start then change its format more than its skill.
 #   NATIVE_REASONING (keep): the native rows keep the think block's text as plain text, so they answer as well
 #     as the structured rows; drop: python -m paravt.data.synthetic.native --drop-reasoning.
 # The prior: the quickstart's episode rows rewritten in the native format of an instruct model
 # (Hermes tool calls, plain answers, no think tags, no answer tags; python -m paravt.data.synthetic.native),
-# trained on top of the reading lessons (sft_reading_long). The cold start then teaches the structured
+# trained on top of FRAG_BASE (by default the reading lessons). The cold start then teaches the structured
 # format (the quickstart's last SFT phase, COLD_STEPS instead of 600): fewer steps leave a base less compliant
 # at RL start, with more to protect. Training-time compliance of both RL runs is in
 # SEED_DIR/fragility/rl_*/metrics.jsonl (format/compliance); python -m paravt.eval.seeds puts it in the
@@ -34,7 +37,7 @@ cd "$ROOT"
 SRC="$(cd "$1" && pwd)"
 OUT="${FRAG_DIR:-$SRC/fragility}"
 SEED="${SEED:-0}"
-FRAG_K="${FRAG_K:-4}"; NATIVE_REASONING="${NATIVE_REASONING:-keep}"
+FRAG_K="${FRAG_K:-4}"; NATIVE_REASONING="${NATIVE_REASONING:-keep}"; FRAG_BASE="${FRAG_BASE:-sft_reading_long}"
 [[ "$FRAG_K" == recipe || "$FRAG_K" =~ ^[1-9][0-9]*$ ]] || { echo "FRAG_K must be a frame count or 'recipe', got '$FRAG_K'" >&2; exit 2; }
 case "$NATIVE_REASONING" in keep) NATIVE_FLAGS=() ;; drop) NATIVE_FLAGS=(--drop-reasoning) ;;
   *) echo "NATIVE_REASONING must be keep or drop, got '$NATIVE_REASONING'" >&2; exit 2 ;; esac
@@ -47,11 +50,11 @@ COLD_SCHEDULE="${COLD_SCHEDULE_STEPS:-$COLD_STEPS}"
 [[ "$COLD_SCHEDULE" =~ ^[1-9][0-9]*$ ]] && (( COLD_SCHEDULE >= COLD_STEPS )) || {
   echo "COLD_SCHEDULE_STEPS must be a step count >= COLD_STEPS ($COLD_STEPS), got '$COLD_SCHEDULE'" >&2; exit 2; }
 W="$SRC/world/local"
-for need in "$W/paravt_sft_synth.parquet" "$W/paravt_reading_episode_synth.parquet" "$SRC/sft_reading_long/final/config.json"; do
+for need in "$W/paravt_sft_synth.parquet" "$W/paravt_reading_episode_synth.parquet" "$SRC/$FRAG_BASE/final/config.json"; do
   [[ -e "$need" ]] || { echo "error: $need does not exist (run bash scripts/quickstart.sh $SRC first)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
-SETTINGS="{\"frag_k\": \"$FRAG_K\", \"native_reasoning\": \"$NATIVE_REASONING\", \"prior_steps\": $PRIOR_STEPS, \"cold_steps\": $COLD_STEPS, \"cold_schedule_steps\": $COLD_SCHEDULE, \"rl_steps\": $FRAG_RL_STEPS}"
+SETTINGS="{\"base\": \"$FRAG_BASE\", \"frag_k\": \"$FRAG_K\", \"native_reasoning\": \"$NATIVE_REASONING\", \"prior_steps\": $PRIOR_STEPS, \"cold_steps\": $COLD_STEPS, \"cold_schedule_steps\": $COLD_SCHEDULE, \"rl_steps\": $FRAG_RL_STEPS}"
 if [[ -f "$OUT/settings.json" && "$(cat "$OUT/settings.json")" != "$SETTINGS" ]]; then
   echo "error: $OUT was made with $(cat "$OUT/settings.json"), not $SETTINGS: set FRAG_DIR to a fresh folder" >&2; exit 2
 elif [[ ! -f "$OUT/settings.json" && -e "$OUT/native.parquet" ]]; then
@@ -65,9 +68,9 @@ say "native-format rows -> $OUT/native.parquet"
 [[ -f "$OUT/native.parquet" ]] || python -m paravt.data.synthetic.native "$W/paravt_sft_synth.parquet" \
   "$W/paravt_reading_episode_synth.parquet" --out "$OUT/native.parquet" "${NATIVE_FLAGS[@]}"
 
-say "the base's own prior: $PRIOR_STEPS steps on native rows -> $OUT/prior"
+say "the base's own prior: $PRIOR_STEPS steps on native rows from $FRAG_BASE -> $OUT/prior"
 [[ -e "$OUT/prior/final/config.json" ]] || NPROC=1 bash scripts/run_sft.sh configs/sft/tiny.yaml \
-  model_path="$SRC/sft_reading_long/final" output_dir="$OUT/prior" "data=[{path: $OUT/native.parquet, name: native}]" \
+  model_path="$SRC/$FRAG_BASE/final" output_dir="$OUT/prior" "data=[{path: $OUT/native.parquet, name: native}]" \
   max_steps="$PRIOR_STEPS" save_every="$PRIOR_STEPS" seed="$SEED"
 
 say "cold-start SFT: $COLD_STEPS steps of the structured format (schedule planned over $COLD_SCHEDULE) -> $OUT/sft"
