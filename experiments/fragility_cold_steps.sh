@@ -3,7 +3,7 @@
 # scripts/fragility_tiny.sh's COLD_STEPS (the fragility criterion asks for a base 25-65% compliant at RL start).
 #   bash experiments/fragility_cold_steps.sh SEED_DIR [OUT_DIR]   (SEED_DIR: a quickstart folder, as fragility_tiny.sh)
 #   STEPS ("10 20 40 80 150"): cold-start lengths measured (one SFT run, a checkpoint every 10 steps);
-#   FRAG_BASE (sft_reading_long), PRIOR_STEPS (300), NATIVE_REASONING (keep), FRAG_K (4), SEED (0), EVAL_Q (20
+#   FRAG_BASE (sft), PRIOR_STEPS (300), NATIVE_REASONING (keep), FRAG_K (4), SEED (0), EVAL_Q (20
 #   questions), DRAWS (4 per question).
 # The prior and the cold start are fragility_tiny.sh's own stages (the same commands, FRAG_DIR=OUT_DIR). The
 # cold start's schedule is planned over the longest length, so the checkpoint at step s is the cold start that

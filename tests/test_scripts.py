@@ -163,7 +163,7 @@ def test_fragility_tiny_names_a_bad_knob_and_refuses_a_folder_made_with_other_se
     with none recorded) is never reused for a run that asks for different ones."""
     src = tmp_path / "seed_0"
     for f in ("world/local/paravt_sft_synth.parquet", "world/local/paravt_reading_episode_synth.parquet",
-              "sft_reading_long/final/config.json"):
+              "sft/final/config.json"):
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         (src / f).write_text("")
 
