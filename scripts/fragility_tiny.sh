@@ -9,8 +9,8 @@
 #     episodes (PARA-GRPO keeps its format reward and anchoring, without nFrames gating); FRAG_K=recipe: each
 #     arm at its recipe's K (vanilla 64, PARA-GRPO gated over 4..64).
 #   COLD_SCHEDULE_STEPS (80 with the default COLD_STEPS, else COLD_STEPS): the cold start's warm-up + cosine is
-#     planned over this many steps and stopped at COLD_STEPS, as the authors plan 1500 SFT steps and release step 500; a checkpoint of a longer run is then the
-#     same model as a run stopped there. COLD_SAVE_EVERY (COLD_STEPS): a cold-start checkpoint every N steps, all
+#     planned over this many steps and stopped at COLD_STEPS, as the authors plan 1500 SFT steps and release
+#     step 500; a checkpoint of a longer run is then the same model as a run stopped there. COLD_SAVE_EVERY (COLD_STEPS): a cold-start checkpoint every N steps, all
 #     kept; STOP_BEFORE_RL=1 stops after the cold start (experiments/fragility_cold_steps.sh measures compliance per
 #     cold-start length with the three).
 #   FRAG_BASE (sft): the quickstart checkpoint under SEED_DIR the prior starts from. sft_reading_long has
@@ -20,8 +20,8 @@
 #     as the structured rows; drop: python -m paravt.data.synthetic.native --drop-reasoning.
 # The prior: the quickstart's episode rows rewritten in the native format of an instruct model
 # (Hermes tool calls, plain answers, no think tags, no answer tags; python -m paravt.data.synthetic.native),
-# trained on top of FRAG_BASE (by default the quickstart's cold-started model). The cold start then teaches the structured
-# format (the quickstart's last SFT phase, COLD_STEPS instead of 600): fewer steps leave a base less compliant
+# trained on top of FRAG_BASE (by default the quickstart's cold-started model). The cold start then teaches the
+# structured format (the quickstart's last SFT phase, COLD_STEPS instead of 600): fewer steps leave a base less compliant
 # at RL start, with more to protect. Training-time compliance of both RL runs is in
 # SEED_DIR/fragility/rl_*/metrics.jsonl (format/compliance); python -m paravt.eval.seeds puts it in the
 # table across seeds, judged against the E3 criterion. Finished stages are reused on a rerun (a change of

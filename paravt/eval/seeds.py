@@ -215,12 +215,11 @@ def fragility_settings(runs: list[Path]) -> str:
     for text in sorted(seen):
         d = json.loads(text)
         k = "each arm at its recipe's K" if d.get("frag_k") == "recipe" else f"both arms at K = {d.get('frag_k')}"
+        sched = d.get("cold_schedule_steps")
+        planned = f" (schedule planned over {sched})" if sched and sched != d.get("cold_steps") else ""
         described.append(f"{k}; native rows' reasoning {d.get('native_reasoning')}; "
                          f"prior {d.get('prior_steps')} steps from {d.get('base', 'sft_reading_long')}, "
-                         f"cold start {d.get('cold_steps')}"
-                         + (f" (schedule planned over {d['cold_schedule_steps']})"
-                            if d.get("cold_schedule_steps", d.get("cold_steps")) != d.get("cold_steps") else "")
-                         + f", RL {d.get('rl_steps')} steps")
+                         f"cold start {d.get('cold_steps')}{planned}, RL {d.get('rl_steps')} steps")
     return " | ".join(described) + (" (the seeds differ)" if len(described) > 1 else "")
 
 
