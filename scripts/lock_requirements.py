@@ -15,9 +15,8 @@ requirement file changed without its lock. ``--date`` moves the date (a delibera
 The check also proves the rule of the weight push: the RL trainer and the SGLang server join one
 NCCL communicator, so their locks must hold the same torch and the same NCCL wheel.
 
-An index that cannot be reached is a failure with one line (exit 2), never "current". The CUDA
-12.6 stages (``sft``, ``eval``) take torch from download.pytorch.org; where that index cannot be
-reached their lock cannot be written, and ``--check`` says which locks it could not check.
+An index that cannot be reached is a failure with one line (exit 2), never "current". Every stage
+resolves from PyPI alone (``sft`` and ``eval`` take PyPI's torch 2.9.1, its CUDA 12.8 build).
 """
 
 from __future__ import annotations

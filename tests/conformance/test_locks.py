@@ -21,10 +21,24 @@ def _lock(*args: str, **env) -> subprocess.CompletedProcess:
                           text=True, timeout=600, env={**os.environ, **env})
 
 
-def test_the_rl_and_sglang_locks_are_current_and_share_torch_and_nccl():
-    r = _lock("--check", "rl", "sglang")
+def test_every_stage_lock_is_current_and_rl_and_sglang_share_torch_and_nccl():
+    r = _lock("--check")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "rl: current" in r.stdout and "sglang: current" in r.stdout, r.stdout
+    for stage in ("rl", "sglang", "sft", "eval"):
+        assert f"{stage}: current" in r.stdout, r.stdout
+    assert "not locked" not in r.stdout, r.stdout
+
+
+def test_the_sft_and_eval_locks_hold_the_cuda_build_of_torch():
+    """PyPI's Linux torch 2.9.1 is the CUDA 12 build: its NCCL and cuDNN wheels are in the lock (a lock
+    resolved against a CPU-only index would hold torch without them and install a torch that cannot train)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from lock_requirements import pins
+
+    for stage in ("sft", "eval"):
+        have = pins((ROOT / "requirements/locks" / f"{stage}.txt").read_text())
+        assert have["torch"] == "2.9.1", (stage, have.get("torch"))
+        assert have.get("nvidia-nccl-cu12") and have.get("nvidia-cudnn-cu12"), (stage, sorted(have))
 
 
 def test_a_stale_lock_fails_naming_the_package_and_the_weight_group_rule(tmp_path):
