@@ -336,7 +336,8 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
             if cfg.rollout.urls:  # servers this run did not launch hold unknown weights: push this run's first
                 self._push_weights(self.global_step)
             producer = self._start_rollouts() if self.d.is_main else None
-            with TrainLoop(self, "para-grpo") as loop:
+            para = cfg.paravt.anchoring.weight > 0 or cfg.paravt.gating.nframes_gating  # else vanilla GRPO
+            with TrainLoop(self, "para-grpo" if para else "grpo") as loop:
                 while self.global_step < cfg.max_steps:
                     t0 = time.perf_counter()
                     batch = producer.get() if producer is not None else None
