@@ -235,10 +235,11 @@ def fragility_curves(runs: list[Path], path: Path, window: int = 5) -> Path | No
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
+    styles = ("-", "--", ":", "-.")  # one line style per seed, one colour per arm
     for r, name, c in curves:
         sm = np.convolve(c, np.ones(window) / window, mode="valid") if len(c) >= window else c
         ax.plot(np.arange(len(sm)) + (len(c) - len(sm)) + 1, 100 * sm, color="tab:red" if name == "vanilla" else "tab:blue",
-                alpha=0.8, label=f"{name}, seed {r.name.split('_')[1]}")
+                linestyle=styles[runs.index(r) % len(styles)], alpha=0.8, label=f"{name}, seed {r.name.split('_')[1]}")
     ax.set_xlabel("RL step")
     ax.set_ylabel(f"format compliance (%; mean of {window} steps)")
     ax.set_ylim(-2, 102)
