@@ -10,9 +10,10 @@
 #     arm at its recipe's K (vanilla 64, PARA-GRPO gated over 4..64).
 #   COLD_SCHEDULE_STEPS (80 with the default COLD_STEPS, else COLD_STEPS): the cold start's warm-up + cosine is
 #     planned over this many steps and stopped at COLD_STEPS, as the authors plan 1500 SFT steps and release
-#     step 500; a checkpoint of a longer run is then the same model as a run stopped there. COLD_SAVE_EVERY (COLD_STEPS): a cold-start checkpoint every N steps, all
-#     kept; STOP_BEFORE_RL=1 stops after the cold start (experiments/fragility_cold_steps.sh measures compliance per
-#     cold-start length with the three).
+#     step 500; a checkpoint of a longer run is then the same model as a run stopped there.
+#     COLD_SAVE_EVERY (COLD_STEPS): a cold-start checkpoint every N steps, all kept; STOP_BEFORE_RL=1 stops
+#     after the cold start (experiments/fragility_cold_steps.sh measures compliance per cold-start length
+#     with the three).
 #   FRAG_BASE (sft): the quickstart checkpoint under SEED_DIR the prior starts from. sft_reading_long has
 #     the reading lessons but not yet the episodes; sft (the quickstart's last phase) already answers the episodes,
 #     so the native prior and the cold start then change its format more than its skill.

@@ -236,10 +236,11 @@ def fragility_curves(runs: list[Path], path: Path, window: int = 5) -> Path | No
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     styles = ("-", "--", ":", "-.")  # one line style per seed, one colour per arm
+    style = {r: styles[i % len(styles)] for i, r in enumerate(runs)}
     for r, name, c in curves:
         sm = np.convolve(c, np.ones(window) / window, mode="valid") if len(c) >= window else c
         ax.plot(np.arange(len(sm)) + (len(c) - len(sm)) + 1, 100 * sm, color="tab:red" if name == "vanilla" else "tab:blue",
-                linestyle=styles[runs.index(r) % len(styles)], alpha=0.8, label=f"{name}, seed {r.name.split('_')[1]}")
+                linestyle=style[r], alpha=0.8, label=f"{name}, seed {r.name.split('_')[1]}")
     ax.set_xlabel("RL step")
     ax.set_ylabel(f"format compliance (%; mean of {window} steps)")
     ax.set_ylim(-2, 102)

@@ -21,6 +21,14 @@ def _lock(*args: str, **env) -> subprocess.CompletedProcess:
                           text=True, timeout=600, env={**os.environ, **env})
 
 
+def _pins(stage: str) -> dict[str, str]:
+    """name -> version of a committed lock, read by the lock script's own parser."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from lock_requirements import pins
+
+    return pins((ROOT / "requirements/locks" / f"{stage}.txt").read_text())
+
+
 def test_every_stage_lock_is_current_and_rl_and_sglang_share_torch_and_nccl():
     r = _lock("--check")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -32,11 +40,8 @@ def test_every_stage_lock_is_current_and_rl_and_sglang_share_torch_and_nccl():
 def test_the_sft_and_eval_locks_hold_the_cuda_build_of_torch():
     """PyPI's Linux torch 2.9.1 is the CUDA 12 build: its NCCL and cuDNN wheels are in the lock (a lock
     resolved against a CPU-only index would hold torch without them and install a torch that cannot train)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from lock_requirements import pins
-
     for stage in ("sft", "eval"):
-        have = pins((ROOT / "requirements/locks" / f"{stage}.txt").read_text())
+        have = _pins(stage)
         assert have["torch"] == "2.9.1", (stage, have.get("torch"))
         assert have.get("nvidia-nccl-cu12") and have.get("nvidia-cudnn-cu12"), (stage, sorted(have))
 
