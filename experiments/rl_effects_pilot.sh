@@ -12,6 +12,8 @@
 #   the SFT policy still called far less at K = 64: docs/RESULTS.md).
 #   WORLD_FLAGS="--habit-sentence --no-reading-episode-calls": also leave the reading episodes' call turns (made
 #   without an overview, always "not visible ... I will check") unsupervised (seed 0: gap +59.4 -> +13.8 points).
+#   RL_ARGS="key=value ...": extra overrides for both RL arms, e.g. RL_ARGS="paravt.reward.tool_weight=0" (calls paid
+#   only through accuracy; docs/GUIDE.md "The RL-made effects").
 #   SHARE_FROM=DIR: take the tiny model, the world and the perception base from another seed's OUT_DIR
 #   (one base model for every seed, as the paper has one Qwen3-VL-8B; seeds then differ in SFT, RL and eval).
 #
@@ -20,7 +22,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n 2,17p "$0"; exit 0; fi
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n 2,19p "$0"; exit 0; fi
 OUT="${1:-runs/rl_effects_pilot}"
 SEED="${SEED:-0}"; RATE="${TOOL_RATE:-0.5}"; RL_VIDEOS="${RL_VIDEOS:-40}"; RL_STEPS="${RL_STEPS:-60}"
 LR="${LR:-1e-4}"; N="${N_SAMPLES:-8}"; P="${PROMPTS:-2}"; EVAL_Q="${EVAL_Q:-40}"; DRAWS="${DRAWS:-4}"
@@ -38,6 +40,7 @@ fi
 WORLD_FLAGS="${WORLD_FLAGS:-} --sft-tool-rate $RATE --n-rl-videos $RL_VIDEOS" QUICKSTART_STOP_AFTER=sft SEED="$SEED" \
   bash scripts/quickstart.sh "$OUT"
 source .venv-cpu/bin/activate
+read -ra RL_EXTRA <<< "${RL_ARGS:-}"
 CROP=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config']['crop_max_frames'])" "$OUT/world/world.json")
 
 # 2. Both RL arms from the same checkpoint, as users launch them (a checkpoint every 20 steps: a rerun resumes).
@@ -47,7 +50,7 @@ for RUN in vanilla paragrpo; do
   NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
     "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every=20 seed="$SEED" \
     grpo.n_samples="$N" grpo.prompts_per_step="$P" optim.lr="$LR" hierarchical_agent.crop.max_frames="$CROP" \
-    logging.progress=false
+    logging.progress=false "${RL_EXTRA[@]}"
 done
 
 # 3. Sampled eval: the policies' distributions at the rollout temperature, not their greedy modes.

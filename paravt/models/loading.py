@@ -9,6 +9,9 @@ from typing import Any
 import torch
 
 import paravt.models.processor  # noqa: F401  (registers the image-only processor)
+from paravt.models import packed_attention
+
+packed_attention.register()  # attn_implementation="sdpa_varlen" in every process that loads or builds a model
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +28,8 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def default_attn_implementation() -> str:
-    """flash_attention_2 on CUDA when flash-attn is installed, else sdpa."""
+    """flash_attention_2 on CUDA when flash-attn is installed, else ``sdpa_varlen`` (SDPA within each
+    packed sequence: :mod:`paravt.models.packed_attention`)."""
     if torch.cuda.is_available():
         try:
             import flash_attn  # noqa: F401, PLC0415
@@ -33,7 +37,7 @@ def default_attn_implementation() -> str:
             return "flash_attention_2"
         except ImportError:
             pass
-    return "sdpa"
+    return packed_attention.NAME
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "float32", attn_implementation: str | None = None,

@@ -45,11 +45,15 @@ class AnchoringConfig:
 @dataclass
 class RewardConfig:
     mode: str = "f1"  # f1 | exact | llm
-    format_weight: float = 1.0  # weight of R_fmt in R = R_acc + w R_fmt + R_tool
+    format_weight: float = 1.0  # weight of R_fmt in R = R_acc + w R_fmt + w_tool R_tool
     credit_executed_tools: bool = False  # see paravt.rl.rewards.terms (R_tool decision)
     rules: str = "release"  # release (the authors' reward) | paravt (eval's scorer; see rewards.terms)
+    # weight of R_tool: 1.0 as released; 0 pays calls only through accuracy (rewards.terms explains)
+    tool_weight: float = 1.0
 
     def __post_init__(self):
+        if self.tool_weight < 0:
+            raise ValueError(f"paravt.reward.tool_weight must be >= 0, got {self.tool_weight}")
         if self.mode not in ("f1", "exact", "llm"):
             raise ValueError(f"paravt.reward.mode must be f1, exact or llm, got {self.mode!r}")
         if self.rules not in ("release", "paravt"):
@@ -66,7 +70,8 @@ class ParaVTConfig:
     def knobs(self) -> RewardKnobs:
         return RewardKnobs(answer_suffix=self.constrained.answer_suffix, anchor_weight=self.anchoring.weight,
                            mode=self.reward.mode, format_weight=self.reward.format_weight,
-                           credit_executed_tools=self.reward.credit_executed_tools, rules=self.reward.rules)
+                           credit_executed_tools=self.reward.credit_executed_tools, rules=self.reward.rules,
+                           tool_weight=self.reward.tool_weight)
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Where this departs from plain GRPO (group-normalised outcome reward, clipped surrogate,
 KL to a reference), every item a setting of the recipe:
 
-1. **Reward** = R_acc + format_weight · R_fmt + R_tool (:mod:`paravt.rl.rewards`), with the
+1. **Reward** = R_acc + format_weight · R_fmt + tool_weight · R_tool (:mod:`paravt.rl.rewards`), with the
    format reward anchored at the structural tokens (``anchoring.weight``, ``answer_suffix``)
    and scored on the turns *including* the forced ``<think>\\n`` (``think_prefix``).
 2. **nFrames gating**: each prompt's overview budget K ~ Uniform{4,8,16,32,64}, the same K for

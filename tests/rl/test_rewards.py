@@ -73,6 +73,25 @@ def test_tool_reward_levels():
     assert tool_reward("<think>x</think><tool_call>{broken</tool_call>", 1.0) == 0.0
 
 
+def test_tool_weight_scales_only_the_tool_term_and_is_read_from_the_recipe(tmp_path):
+    """tool_weight 0 pays a call only through accuracy and format: the same correct answer earns the
+    same total with or without the call under the outcome-only reward, and 0.6 more with weight 1."""
+    plain, called = "<think>\nThe circle is red.\n</think>\n<answer>B</answer>", MULTI
+    on, off = VANILLA, K(answer_suffix=False, anchor_weight=0.0, format_weight=0.0, tool_weight=0.0)
+    assert compute_reward(called, "B", "mcq", on).total - compute_reward(plain, "B", "mcq", on).total == pytest.approx(0.6)
+    r = compute_reward(called, "B", "mcq", off)
+    assert (r.total, r.tool) == (pytest.approx(compute_reward(plain, "B", "mcq", off).total), pytest.approx(0.6))
+    with pytest.raises(ValueError, match="tool_weight"):
+        K(tool_weight=-1.0)
+    from paravt.rl.rewards.__main__ import knobs_from_recipe
+    assert knobs_from_recipe("configs/rl/paragrpo_8b.yaml").tool_weight == 1.0  # the release
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text(json.dumps({"completion": called, "answer": "B", "question_type": "mcq"}) + "\n")
+    out = subprocess.run([sys.executable, "-m", "paravt.rl.rewards", "--recipe", "configs/rl/tiny_vanilla.yaml",
+                          "--jsonl", str(jsonl), "--tool-weight", "0"], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["total"] == pytest.approx(1.0)  # R_acc only
+
+
 def test_accuracy_per_question_type():
     accuracy = partial(_accuracy, rules="paravt")
     tvg = "<think>\nSeen from 35 to 39 seconds.\n</think>\n<answer>[35.0, 39.0]</answer>"

@@ -1,7 +1,7 @@
 """Score completions offline under a recipe's ``paravt:`` block.
 
     python -m paravt.rl.rewards --recipe configs/rl/paragrpo_8b.yaml --jsonl IN.jsonl [--no-answer-suffix]
-        [--anchor-weight 0] [--mode exact] [--format-weight 1.0] [--rules release|paravt]
+        [--anchor-weight 0] [--mode exact] [--format-weight 1.0] [--tool-weight 1.0] [--rules release|paravt]
 
 Each input line: ``{"completion": ..., "answer": ..., "question_type": "mcq"|"tvg"|"oe"}``.
 Each output line: ``{"total", "acc", "format", "tool"}`` (plus ``"error"`` for a bad line,
@@ -36,11 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--anchor-weight", type=float)
     ap.add_argument("--mode", choices=["f1", "exact", "llm"])
     ap.add_argument("--format-weight", type=float)
+    ap.add_argument("--tool-weight", type=float, help="weight of R_tool (default: the recipe's)")
     ap.add_argument("--rules", choices=["release", "paravt"], help="reward rule set (default: the recipe's)")
     a = ap.parse_args(argv)
     k = knobs_from_recipe(a.recipe)
     over = {"answer_suffix": a.answer_suffix, "anchor_weight": a.anchor_weight, "mode": a.mode,
-            "format_weight": a.format_weight, "rules": a.rules}
+            "format_weight": a.format_weight, "rules": a.rules, "tool_weight": a.tool_weight}
     k = RewardKnobs(**{**k.__dict__, **{n: v for n, v in over.items() if v is not None}})
     judge = None
     if k.mode == "llm":

@@ -1,6 +1,6 @@
 """PARA-GRPO reward terms as pure functions (the paper's §3 reward; the release's compose_reward).
 
-    R = R_acc + format_weight · R_fmt + R_tool          (all terms 0 under the guard)
+    R = R_acc + format_weight · R_fmt + tool_weight · R_tool          (all terms 0 under the guard)
 
 Two rule sets (``paravt.reward.rules``):
 
@@ -27,6 +27,12 @@ never appears in it and the published 0.3 level does not fire; R_tool is 0 (no p
 call), 0.1 (a call) or 0.6 (a call and R_acc > 0). With ``credit_executed_tools`` on, an
 episode in which at least one call was executed and answered gets the 0.3 base instead of
 0.1 (off by default: faithful to the published behaviour).
+
+``tool_weight`` (1.0, the release) scales R_tool. R_tool pays a call whatever the overview shows:
+a call with R_acc > 0 earns 0.6 more than the same answer without one, so under the released
+reward calling pays at every K unless it costs more than that in accuracy. ``tool_weight: 0``
+leaves calls paid only by what they do to accuracy (and the format term's think-before-tool
+credit): the ablation that asks whether the Tool Necessity Gap needs calls that do not pay.
 """
 
 from __future__ import annotations
@@ -57,10 +63,13 @@ class RewardKnobs:
     format_weight: float = 1.0
     credit_executed_tools: bool = False
     rules: str = "release"  # release (the authors' reward) | paravt (see module docstring)
+    tool_weight: float = 1.0  # weight of R_tool (1.0: the release)
 
     def __post_init__(self):
         if self.rules not in RULES:
             raise ValueError(f"reward rules must be one of {RULES}, got {self.rules!r}")
+        if self.tool_weight < 0:
+            raise ValueError(f"reward tool_weight must be >= 0, got {self.tool_weight}")
 
     @classmethod
     def vanilla(cls) -> "RewardKnobs":
@@ -186,4 +195,4 @@ def compute_reward(text: str, answer: Any, question_type: str, knobs: RewardKnob
     acc = accuracy(text, answer, question_type, knobs.mode, judge, knobs.rules)
     fmt = format_reward(text, knobs.answer_suffix, knobs.anchor_weight, knobs.rules)
     tool = tool_reward(text, acc, executed_tool, knobs.credit_executed_tools, knobs.rules)
-    return RewardBreakdown(acc + knobs.format_weight * fmt + tool, acc, fmt, tool)
+    return RewardBreakdown(acc + knobs.format_weight * fmt + knobs.tool_weight * tool, acc, fmt, tool)
