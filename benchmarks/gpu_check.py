@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--rl-samples", type=int, default=8)
     p.add_argument("--startup-layers", type=int, default=36)
-    p.add_argument("--attn", default="sdpa")
+    p.add_argument("--attn", default="sdpa_varlen",
+                   help="attention of every model (default: the project's where flash-attn is absent, SDPA per packed "
+                        "sequence; sdpa = one block-masked call over the whole pack; flash_attention_2 where installed)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak (default: by its name)")
     p.add_argument("--timeout-scale", type=float, default=None, help="x the per-unit timeouts (default 1; 20 with --small)")
     p.add_argument("--max-gb-at-start", type=float, default=2.0, help="GPU GiB in use before a unit that fails it")
