@@ -1,5 +1,7 @@
-"""SFT packing efficiency and throughput, packed vs padded, tiny model on the synthetic world; and the
-cost of FSDP2's hooks on one fp32 rank (``wrap_fsdp2(..., shard_one_rank=True)``), which the trainers skip.
+"""SFT packing efficiency and throughput, packed vs padded, tiny model on the synthetic world; the
+attention of a pack (the tiny recipe's ``sdpa`` over the whole row with its block mask, against
+``sdpa_varlen``, one SDPA call per sequence); and the cost of FSDP2's hooks on one fp32 rank
+(``wrap_fsdp2(..., shard_one_rank=True)``), which the trainers skip.
 
     python benchmarks/bench_sft_packing.py [--steps 20] [--out benchmarks/results/sft_packing.json]
 """
@@ -35,6 +37,8 @@ def main(argv=None) -> int:
     packed = ["packing=true", "max_length=2048", "per_device_batch_size=1"]
     plain_wrap = parallel.wrap_fsdp2
     for name, over, shard in (("packed (max_length 2048)", packed, False),
+                              ("packed, sdpa_varlen (one SDPA call per sequence)", [*packed, "attn_implementation=sdpa_varlen"],
+                               False),
                               ("padded (4 rows)", ["packing=false", "max_length=2048", "per_device_batch_size=4"], False),
                               ("packed, FSDP2 hooks on one rank", packed, True)):
         parallel.wrap_fsdp2 = functools.partial(plain_wrap, shard_one_rank=True) if shard else plain_wrap

@@ -13,6 +13,9 @@
 #   says what each does): WORLD_PRESET (needle), HEAD (trained | frozen | tied), SFT_READING (1),
 #   READING_FORMAT (user), SFT_PHASES ("reading_long:600 reading_episode:600"), WARMUP_STEPS (0), COPY_AUX (0),
 #   TINY_ARGS and WORLD_FLAGS (extra flags of python -m paravt.models.tiny / python -m paravt.data.synthetic)
+#   SFT_ATTN: the SFT stages' attention (default: the recipe's sdpa, the measured setting; sdpa_varlen computes the
+#     same attention on each packed sequence alone, ~1.5x faster SFT, but rounds differently, and the tiny run then
+#     lands elsewhere: docs/RESULTS.md)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 for a in "$@"; do  # --help before any work (no venv needed)
@@ -25,6 +28,7 @@ cd "$ROOT"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 SEED="${SEED:-0}"
+SFT_ATTN_ARG=(); [[ -n "${SFT_ATTN:-}" ]] && SFT_ATTN_ARG=("attn_implementation=$SFT_ATTN")
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
   WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; SFT_PHASES="${SFT_PHASES-reading_long:10 reading_episode:10}"; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
 else
@@ -69,7 +73,7 @@ step perception "4/8 perception pretraining of the tiny base ($PERC_STEPS steps)
 if [[ -e "$OUT/perception/final/config.json" ]]; then reuse; else
   NPROC=1 bash scripts/run_sft.sh configs/sft/tiny_perception.yaml model_path="$OUT/tiny_model" output_dir="$OUT/perception" \
     data.0.path="$OUT/world/local/paravt_perception_synth.parquet" max_steps="$PERC_STEPS" \
-    save_every="$PERC_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE"; fi
+    save_every="$PERC_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE" "${SFT_ATTN_ARG[@]}"; fi
 
 # SFT_READING=1: the tiny model's reading lessons (text-only reports -> answer, paravt_reading_synth.parquet) are
 # mixed into the SFT batches. Then SFT_PHASES: each continues from the previous phase on the SFT rows plus the
@@ -98,7 +102,7 @@ for i in "${!PHASES[@]}"; do
   if [[ -e "$DEST/final/config.json" ]]; then reuse; else
     NPROC=1 bash scripts/run_sft.sh configs/sft/tiny.yaml model_path="$PREV/final" output_dir="$DEST" \
       "data=[$DATA]" max_steps="$STEPS" \
-      save_every="$STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE"; fi
+      save_every="$STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE" "${SFT_ATTN_ARG[@]}"; fi
   PREV="$DEST"
 done
 step probe "5b/8 what the sub-agents see (python -m paravt.eval.probe)"
