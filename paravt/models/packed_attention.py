@@ -5,7 +5,7 @@ A packed SFT row holds several sequences one after another; their text positions
 block-diagonal causal mask over the whole row, and the kernel still computes every block of the
 (L × L) score matrix, masked or not: on CPU the text attention of a ~2,000-token pack was most of
 an SFT step. This implementation finds the sequence starts in ``position_ids`` (where a position
-does not follow its left neighbour by one, as ``transformers.masking_utils`` detects packing) and
+does not follow its left neighbour by one: ``transformers.masking_utils``' own packing detection) and
 runs causal SDPA on each sequence alone: the same attention (masked scores are exactly zero
 weight either way), a cost of Σ len² instead of (Σ len)².
 
@@ -24,12 +24,15 @@ NAME = "sdpa_varlen"
 
 
 def sequence_starts(position_ids: torch.Tensor) -> list[int]:
-    """Start offsets of the packed sequences in one row of text positions (always includes 0)."""
-    pos = position_ids.reshape(-1)
-    if pos.numel() == 0:
+    """Start offsets of the packed sequences in one row of text positions (always includes 0), by
+    transformers' own packing detection (``masking_utils.find_packed_sequence_indices``)."""
+    from transformers.masking_utils import find_packed_sequence_indices  # noqa: PLC0415
+
+    seq = find_packed_sequence_indices(position_ids.reshape(1, -1))
+    if seq is None:
         return [0]
-    breaks = torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1
-    return [0] + breaks.tolist()
+    _, counts = torch.unique_consecutive(seq[0], return_counts=True)
+    return [0] + torch.cumsum(counts, 0)[:-1].tolist()
 
 
 def sdpa_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -43,7 +46,7 @@ def sdpa_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, 
     length = query.shape[2]
     starts = None
     if (position_ids is not None and causal and query.shape[0] == 1 and key.shape[2] == length
-            and position_ids.shape[-1] == length and position_ids.reshape(-1).numel() == length):
+            and position_ids.numel() == length):
         starts = sequence_starts(position_ids)
     if starts is None or len(starts) < 2:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
