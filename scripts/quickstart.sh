@@ -43,6 +43,9 @@ case "$HEAD" in
 esac
 read -ra TINY_EXTRA <<< "${TINY_ARGS:-}"
 read -ra WORLD_EXTRA <<< "${WORLD_FLAGS:-}"
+# This machine's speed (fp32 matmul GFLOP/s) for the report's header: stage times compare across machines only
+# beside it. ~13 s; measured on every run, before any stage.
+python -m paravt.core.machine_speed --out "$OUT/machine_speed.json" ${QUICKSTART_SMALL:+--seconds 0.5}
 T0=$(date +%s)
 TS=$T0; STAGE=""
 # Each stage's wall-clock seconds go to $OUT/stage_seconds.tsv (reused stages are not timed again).

@@ -31,6 +31,8 @@ def test_short_quickstart(tmp_path):
     for stage in ("perception", "sft"):  # COPY_AUX=1: both stages trained the copy task beside their rows
         assert "copy_loss" in json.loads((out / stage / "metrics.jsonl").read_text().splitlines()[-1])
     assert "reading: shape / colour / times" in report
+    speed = json.loads((out / "machine_speed.json").read_text())["machine_speed_gflops"]
+    assert f"Machine speed: {speed} GFLOP/s" in report  # the header names the machine the times were taken on
     # the defaults: the needle world, an untied lm_head, sub-agents at the world's 30 frames
     assert json.loads((out / "world/world.json").read_text())["config"]["max_events"] == 1
     assert json.loads((out / "tiny_model/paravt_tiny.json").read_text())["shape"]["tie_word_embeddings"] is False

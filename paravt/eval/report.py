@@ -5,7 +5,8 @@
 
 Reads ``OUT/eval/summary_all.json`` (eval driver), ``OUT/rl_vanilla/metrics.jsonl`` and
 ``OUT/rl_paragrpo/metrics.jsonl`` (RL), ``OUT/sft/metrics.jsonl`` (SFT), ``OUT/probe_*.json``
-(:mod:`paravt.eval.probe`: what the sub-agents see) and ``OUT/stage_seconds.tsv``; writes
+(:mod:`paravt.eval.probe`: what the sub-agents see), ``OUT/stage_seconds.tsv`` and ``OUT/machine_speed.json``
+(:mod:`paravt.core.machine_speed`, for the header); writes
 ``OUT/report.md`` and ``OUT/report_curves.png``; prints the results table.
 
 The paper's effects are differences between cells evaluated on the SAME held-out questions, so
@@ -22,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from paravt.core.machine_speed import describe as describe_speed
 from paravt.core.metrics import read_jsonl
 from paravt.core.seeding import rng
 
@@ -296,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         st = dict(line.split("\t") for line in (out / "stage_seconds.tsv").read_text().splitlines() if "\t" in line)
         md += ["Stage wall-clock seconds: " + ", ".join(f"{k} {v}" for k, v in st.items())
                + f" (sum {sum(int(v) for v in st.values())} s)", ""]
+    if (out / "machine_speed.json").exists():  # written by scripts/quickstart.sh when it starts
+        md[2:2] = ["Machine speed: " + describe_speed(json.loads((out / "machine_speed.json").read_text()))
+                   + ". Wall-clock times compare across machines only beside it (`python -m paravt.core.machine_speed`).",
+                   ""]
     if png:
         md += [f"![curves]({png.name})", ""]
     if (out / "sft/loss_curve.png").exists():
