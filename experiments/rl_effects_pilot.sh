@@ -14,6 +14,7 @@
 #   without an overview, always "not visible ... I will check") unsupervised (seed 0: gap +59.4 -> +13.8 points).
 #   RL_ARGS="key=value ...": extra overrides for both RL arms, e.g. RL_ARGS="paravt.reward.tool_weight=0" (calls paid
 #   only through accuracy; docs/GUIDE.md "The RL-made effects").
+#   PILOT_STOP_AFTER=coldstart: stop after the cold start (other runs can then share it: tool_weight_ablation.sh).
 #   SHARE_FROM=DIR: take the tiny model, the world and the perception base from another seed's OUT_DIR
 #   (one base model for every seed, as the paper has one Qwen3-VL-8B; seeds then differ in SFT, RL and eval).
 #
@@ -22,7 +23,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n 2,19p "$0"; exit 0; fi
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0" | sed '1s/^/usage: /'; exit 0; fi
 OUT="${1:-runs/rl_effects_pilot}"
 SEED="${SEED:-0}"; RATE="${TOOL_RATE:-0.5}"; RL_VIDEOS="${RL_VIDEOS:-40}"; RL_STEPS="${RL_STEPS:-60}"
 LR="${LR:-1e-4}"; N="${N_SAMPLES:-8}"; P="${PROMPTS:-2}"; EVAL_Q="${EVAL_Q:-40}"; DRAWS="${DRAWS:-4}"
@@ -39,6 +40,7 @@ fi
 # 1. The cold start: the quickstart's stages up to SFT, on a world with the habit and its own RL videos.
 WORLD_FLAGS="${WORLD_FLAGS:-} --sft-tool-rate $RATE --n-rl-videos $RL_VIDEOS" QUICKSTART_STOP_AFTER=sft SEED="$SEED" \
   bash scripts/quickstart.sh "$OUT"
+[[ "${PILOT_STOP_AFTER:-}" == coldstart ]] && exit 0
 source .venv-cpu/bin/activate
 read -ra RL_EXTRA <<< "${RL_ARGS:-}"
 CROP=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config']['crop_max_frames'])" "$OUT/world/world.json")

@@ -67,7 +67,8 @@ def test_bad_input_is_one_line(args, needle):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("script", ["run_sft.sh", "run_rl.sh", "run_eval.sh", "reproduce_paper.sh", "quickstart.sh", "reproduce_tiny.sh", "fragility_tiny.sh", "../experiments/ablate_gtr.sh"])
+@pytest.mark.parametrize("script", ["run_sft.sh", "run_rl.sh", "run_eval.sh", "reproduce_paper.sh", "quickstart.sh", "reproduce_tiny.sh", "fragility_tiny.sh", "../experiments/ablate_gtr.sh",
+                                    "../experiments/rl_effects_pilot.sh", "../experiments/tool_weight_ablation.sh"])
 def test_shell_scripts_help(script):
     r = subprocess.run(["bash", f"scripts/{script}", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "usage" in r.stdout.lower() and "Traceback" not in r.stderr, r.stderr[-500:]
