@@ -2,7 +2,7 @@
 
 import json
 
-from paravt.eval.report import effects_table, main, paired_delta, probe_table, results_table
+from paravt.eval.report import effects_table, main, paired_delta, probe_table, reading_check, results_table
 
 
 def _summary(score, tool_rate):
@@ -112,3 +112,18 @@ def test_constant_answers_are_flagged(tmp_path):
     (tmp_path / "eval/summary_all.json").write_text(json.dumps({}))
     assert main([str(tmp_path)]) == 0
     assert "**Constant answers**" in (tmp_path / "report.md").read_text()
+
+
+def test_report_warns_when_the_cold_start_does_not_read_colours(tmp_path):
+    def probe(colour):
+        (tmp_path / "probe_sft.json").write_text(json.dumps(
+            {"windows": {}, "reading": {"n": 60, "restated_shape_acc": 1.0, "colour_acc": colour, "times_copied": 0.92}}))
+    probe(0.383)  # the weak mode: times copied, colours its own
+    warning = reading_check(tmp_path)
+    assert "does not read colours" in warning and "38% of 60 lookups" in warning and "times, 92%" in warning
+    assert main([str(tmp_path)]) == 0 and warning in (tmp_path / "report.md").read_text()
+    probe(1.0)
+    assert reading_check(tmp_path) == "" and main([str(tmp_path)]) == 0
+    assert "does not read colours" not in (tmp_path / "report.md").read_text()
+    (tmp_path / "probe_sft.json").unlink()
+    assert reading_check(tmp_path) == ""  # not probed: nothing to say
