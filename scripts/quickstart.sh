@@ -13,9 +13,9 @@
 #   says what each does): WORLD_PRESET (needle), HEAD (trained | frozen | tied), SFT_READING (1),
 #   READING_FORMAT (user), SFT_PHASES ("reading_long:600 reading_episode:600"), WARMUP_STEPS (0), COPY_AUX (0),
 #   TINY_ARGS and WORLD_FLAGS (extra flags of python -m paravt.models.tiny / python -m paravt.data.synthetic)
-#   SFT_ATTN: the SFT stages' attention (default: the recipe's sdpa, the measured setting; sdpa_varlen computes the
-#     same attention on each packed sequence alone, ~1.5x faster SFT, but rounds differently, and the tiny run then
-#     lands elsewhere: docs/RESULTS.md)
+#   SFT_ATTN: the SFT stages' attention (default: the recipe's sdpa_varlen, attention on each packed sequence alone;
+#     sdpa: transformers' sdpa over the whole pack, the same logits ~1.5x slower, the setting of the tiny numbers
+#     in docs/RESULTS.md up to 2026-11-28 unless their entry names sdpa_varlen)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 for a in "$@"; do  # --help before any work (no venv needed)
