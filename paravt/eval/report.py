@@ -297,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
                 fa = sum(r[key] for r in a) / len(a)
                 fb = sum(r[key] for r in b) / len(b)
                 first_last.append(f"| {n} | {key} | {fa:.3f} | {fb:.3f} |")
-    md = [f"# Quickstart report ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {platform.node()})", "",
+    md = [f"# Quickstart report ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {platform.node()})", ""]
+    if (out / "machine_speed.json").exists():  # written by scripts/quickstart.sh when it starts
+        md += ["Machine speed: " + describe_speed(json.loads((out / "machine_speed.json").read_text()))
+               + ". Wall-clock times compare across machines only beside it (`python -m paravt.core.machine_speed`).", ""]
+    md += [
           "Held-out synthetic eval set; K = overview frames. score = accuracy (mcq, oe) and temporal IoU (tvg) averaged;",
           "all in %. Tools run as weight-sharing sub-agents (greedy), as in training; the no-tools rows use the direct",
           "prompt (the model answers from its K frames). One seed: intervals are over questions within this run",
@@ -324,10 +328,6 @@ def main(argv: list[str] | None = None) -> int:
         st = dict(line.split("\t") for line in (out / "stage_seconds.tsv").read_text().splitlines() if "\t" in line)
         md += ["Stage wall-clock seconds: " + ", ".join(f"{k} {v}" for k, v in st.items())
                + f" (sum {sum(int(v) for v in st.values())} s)", ""]
-    if (out / "machine_speed.json").exists():  # written by scripts/quickstart.sh when it starts
-        md[2:2] = ["Machine speed: " + describe_speed(json.loads((out / "machine_speed.json").read_text()))
-                   + ". Wall-clock times compare across machines only beside it (`python -m paravt.core.machine_speed`).",
-                   ""]
     if png:
         md += [f"![curves]({png.name})", ""]
     if (out / "sft/loss_curve.png").exists():
