@@ -598,3 +598,45 @@ def test_reading_episodes_can_leave_the_call_turn_unsupervised():
             assert all("weight" not in f[i] for i in turns)
         assert [{k: v for k, v in m.items() if k != "weight"} for m in a] == f
     assert episodes == 3
+
+
+def test_thought_sighting_report_copies_the_report_sentence_forward():
+    """thought_sighting="report": the thought that reads the reports is the matching report's own sentence
+    (colour before times, as the report has them), then the answer sentence; in the episodes and in the
+    user-format reading rows alike. The default keeps the question's words ("The square is visible ...")."""
+    from paravt.core.seeding import py_rng
+    from paravt.data.synthetic import expert_trajectory
+    from paravt.data.synthetic.traces import lookup_example, where
+    from paravt.data.synthetic.world import make_question
+
+    base = WorldConfig(max_events=1, report_shapes=False, coarse_window_s=30, crop_max_frames=30, min_duration=120,
+                       max_duration=120, fine_round=False, tvg_pad_s=0.0)
+    cfg = replace(base, thought_sighting="report")
+    r = py_rng(0, "thought-sighting-test")
+    n = 0
+    for j in range(10):
+        spec = make_spec(cfg, "train", j)
+        ev = spec.events[0]
+        for qt in ("oe", "mcq", "tvg"):
+            q = make_question(spec, ev, qt, r)
+            traj = expert_trajectory(spec, q, 4, cfg, call=True)
+            reports = [t for turn in traj["turns"] if isinstance(turn, list) for t in turn]
+            sightings = [t for t in reports if t.startswith("A ")]
+            last = traj["turns"][-1].split("<think>\n", 1)[1].split("\n</think>")[0]
+            assert last.startswith(sightings[0].split(" from ")[0] + " from "), (last, sightings)
+            assert last.index(ev.colour) < last.index("seconds")
+            if qt != "tvg":
+                assert last.endswith(f"It is {ev.colour}." if qt == "oe" else f"It is {ev.colour}, option {q['answer']}.")
+            default = expert_trajectory(spec, q, 4, base, call=True)["turns"][-1]
+            assert default.split("<think>\n", 1)[1].startswith(f"The {ev.colour + ' ' if qt == 'tvg' else ''}{ev.shape} is visible")
+            n += 1
+    for j in range(12):
+        ex = lookup_example(cfg, "probe", j, r)
+        if ex is None:
+            continue
+        report = next(line.split("] ", 1)[1] for line in ex["user"].splitlines() if "] A " in line)
+        # an event across two windows: the thought gives the first report's words and all the sighted times
+        assert f". {report.split(' visible ')[0]} visible {where(ex['hits'])}." in ex["answer"], (report, ex["answer"])
+    assert n == 30
+    with pytest.raises(ValueError, match="thought_sighting"):
+        replace(base, thought_sighting="reverse")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from paravt.data.synthetic import __doc__ as DOC
-from paravt.data.synthetic.world import MCQ_OPTIONS, READING_FORMATS, REPORT_WORDINGS, WorldConfig
+from paravt.data.synthetic.world import MCQ_OPTIONS, READING_FORMATS, REPORT_WORDINGS, THOUGHT_SIGHTINGS, WorldConfig
 from paravt.data.synthetic.writer import build_world
 
 
@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
                         "shape_first 'The circle is yellow, visible from ...' (the key before the values)")
     p.add_argument("--no-report-shapes", dest="report_shapes", action="store_false",
                    help="sub-agent reports name the colour, not the shape ('A yellow shape is visible ...')")
+    p.add_argument("--thought-sighting", default=WorldConfig.thought_sighting, choices=THOUGHT_SIGHTINGS,
+                   help="how the main agent's thought says what the reports found: question 'The square is visible "
+                        "from ... It is yellow.' or report: the report's sentence word for word 'A yellow shape is "
+                        "visible from ... It is yellow.' (the colour copied forward, as the times are)")
     p.add_argument("--system-mode", default=WorldConfig.system_mode,
                    help="system prompt of the expert main-agent traces (a mode of paravt.core.prompts)")
     p.add_argument("--sft-tool-rate", type=float, default=WorldConfig.sft_tool_rate,

@@ -39,6 +39,17 @@ def sighting(shape: str, colour: str, times: list[float], wording: str = "colour
     return f"A {colour} {shape} is visible {where(times)}."
 
 
+def reads_reports(ev, times: list[float], desc: str, cfg: WorldConfig) -> str:
+    """The main agent's thought on what the reports found (``cfg.thought_sighting``): the report's own
+    sentence (shape_first reports, or ``thought_sighting="report"``), else the question's words
+    (``desc``: "the square", tvg "the yellow square") with the report's times."""
+    if cfg.report_wording == "shape_first":
+        return sighting(ev.shape, ev.colour, times, "shape_first")
+    if cfg.thought_sighting == "report":
+        return sighting(ev.shape, ev.colour, times, "colour_first", cfg.report_shapes)
+    return f"{desc.capitalize()} is visible {where(times)}."
+
+
 def describe_window(spec: VideoSpec, timestamps: list[float], wording: str = "colour_first", shapes: bool = True) -> str:
     """The expert sub-agent summary of the frames at ``timestamps``."""
     if not timestamps:
@@ -117,7 +128,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     shape_first = wording == "shape_first"
 
     def found(times: list[float]) -> str:  # the thought that reads the reports
-        return sighting(ev.shape, ev.colour, times, wording) if shape_first else f"{desc.capitalize()} is visible {where(times)}."
+        return reads_reports(ev, times, desc, cfg)
 
     def in_overview(at: str) -> str:
         return overview_sighting(ev.shape, ev.colour, desc, at, wording)
@@ -340,10 +351,8 @@ def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | 
         hits += [t for t in ts if ev.visible_at(t)]
     if not hits:
         return None
-    desc = f"The {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"The {ev.shape}"
-    answer = f"{restate(q)} {desc} is visible {where(hits)}."
-    if cfg.report_wording == "shape_first":
-        answer = f"{restate(q)} {sighting(ev.shape, ev.colour, hits, 'shape_first')}"
+    desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
+    answer = f"{restate(q)} {reads_reports(ev, hits, desc, cfg)}"
     if q["question_type"] != "tvg":
         answer += f" {_answer_sentence(q)}"
     if cfg.reading_answer_tags:  # the episode's last turn: the thought, then the answer tag that copies it

@@ -27,6 +27,7 @@ BACKGROUNDS = [(12, 12, 12), (14, 14, 60), (60, 14, 14), (14, 50, 14), (45, 30, 
 OVERVIEW_KS = (4, 8, 16, 32, 64)
 QUESTION_TYPES = ("mcq", "oe", "tvg")
 REPORT_WORDINGS = ("colour_first", "shape_first")
+THOUGHT_SIGHTINGS = ("question", "report")
 MCQ_OPTIONS = ("random", "fixed")
 READING_FORMATS = ("user", "episode", "episode_answer", "mixed")
 
@@ -97,6 +98,13 @@ class WorldConfig:
     # token it is trained to predict but cannot see drifts to the prior; with one event per video the
     # question's shape is the only one, so the answer needs no shape from the reports.
     report_shapes: bool = True
+    # How the main agent's thought says what the reports found (colour_first reports). question (the
+    # default): in the question's words, the colour after the times ("The square is visible from 64.5 to
+    # 66.5 seconds. It is yellow."); report: the matching report's sentence word for word, then the answer
+    # sentence ("A yellow shape is visible from 64.5 to 66.5 seconds. It is yellow."), so the colour is
+    # copied forward like the times (the token after the report's "A"), not looked up backwards from them.
+    # shape_first reports are always copied as they are.
+    thought_sighting: str = "question"
     system_mode: str = "agentic_general"
     # The cold start's tool habit. None: the expert's rule, a row calls tools exactly when its K-frame
     # overview misses the event (so the SFT policy's calls already depend on K). A rate p: each main
@@ -148,6 +156,8 @@ class WorldConfig:
             raise ValueError(f"tvg_pad_s must be >= 0 and window lengths > 0, got {self.tvg_pad_s}/{self.coarse_window_s}/{self.fine_window_s}")
         if self.report_wording not in REPORT_WORDINGS:
             raise ValueError(f"report_wording must be one of {', '.join(REPORT_WORDINGS)}, got {self.report_wording!r}")
+        if self.thought_sighting not in THOUGHT_SIGHTINGS:
+            raise ValueError(f"thought_sighting must be one of {', '.join(THOUGHT_SIGHTINGS)}, got {self.thought_sighting!r}")
 
 
 @dataclass
