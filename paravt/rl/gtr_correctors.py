@@ -172,13 +172,13 @@ class OracleCorrector:
 
     def expert_thought(self, state: TurnState) -> str:
         """What the expert thinks at this state (the expert traces' wording)."""
-        from paravt.data.synthetic.traces import _answer_sentence, _windows, where  # noqa: PLC0415
+        from paravt.data.synthetic.traces import _answer_sentence, _windows, question_desc, where  # noqa: PLC0415
         from paravt.data.synthetic.world import restate  # noqa: PLC0415
 
         spec, ev = self.target(state)
         q = {"question_type": state.question_type, "shape": ev.shape, "colour": ev.colour,
              "answer": state.answer, "options": self._options(state)}
-        desc = f"the {ev.colour} {ev.shape}" if state.question_type == "tvg" else f"the {ev.shape}"
+        desc = question_desc(ev, state.question_type)
         seen = self._seen(ev, state.overview_times)
         hits = sorted({t for s, e in state.windows_before for t in self._seen(ev, self._crop_times(spec, s, e))})
         restatable = state.question_type != "mcq" or q["options"] is not None

@@ -15,7 +15,7 @@ from paravt.core.seeding import py_rng
 from paravt.core.toolcall import format_tool_call
 from paravt.core.video import crop_timestamps, overview_timestamps
 from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
-from paravt.data.synthetic.world import COLOURS, QUESTION_TYPES, VideoSpec, WorldConfig, make_question, make_spec, restate
+from paravt.data.synthetic.world import COLOURS, QUESTION_TYPES, Event, VideoSpec, WorldConfig, make_question, make_spec, restate
 
 
 def crop_times(spec: VideoSpec, s: float, e: float, cfg: WorldConfig) -> list[float]:
@@ -39,7 +39,13 @@ def sighting(shape: str, colour: str, times: list[float], wording: str = "colour
     return f"A {colour} {shape} is visible {where(times)}."
 
 
-def reads_reports(ev, times: list[float], desc: str, cfg: WorldConfig) -> str:
+def question_desc(ev: Event, question_type: str) -> str:
+    """How the thoughts name the question's event: "the square"; tvg questions name its colour too
+    ("the yellow square")."""
+    return f"the {ev.colour} {ev.shape}" if question_type == "tvg" else f"the {ev.shape}"
+
+
+def reads_reports(ev: Event, times: list[float], desc: str, cfg: WorldConfig) -> str:
     """The main agent's thought on what the reports found (``cfg.thought_sighting``): the report's own
     sentence (shape_first reports, or ``thought_sighting="report"``), else the question's words
     (``desc``: "the square", tvg "the yellow square") with the report's times."""
@@ -123,12 +129,9 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
     spacing = spec.duration / max(1, len(ov))
     turns: list[Any] = []
     crops: list[tuple[float, float]] = []
-    desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
+    desc = question_desc(ev, q["question_type"])
     wording = cfg.report_wording
     shape_first = wording == "shape_first"
-
-    def found(times: list[float]) -> str:  # the thought that reads the reports
-        return reads_reports(ev, times, desc, cfg)
 
     def in_overview(at: str) -> str:
         return overview_sighting(ev.shape, ev.colour, desc, at, wording)
@@ -157,7 +160,7 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         turns.append([text])
         a, b = (hits[0], hits[-1]) if hits else (s, e)
         span = padded(a, b)
-        turns.append(f"{THINK_PREFIX}{found(hits or [a, b])}\n</think>\n<answer>{_answer_text(q, span)}</answer>")
+        turns.append(f"{THINK_PREFIX}{reads_reports(ev, hits or [a, b], desc, cfg)}\n</think>\n<answer>{_answer_text(q, span)}</answer>")
 
     if seen and call is None:
         at = where(seen)
@@ -194,9 +197,9 @@ def expert_trajectory(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConf
         nothing = f"No {desc[4:]} was found." if shape_first else f"{desc.capitalize()} was not found."
         turns.append(f"{THINK_PREFIX}{nothing}\n</think>\n<answer>unknown</answer>")
     elif q["question_type"] != "tvg":
-        turns.append(f"{THINK_PREFIX}{found(hits)} {_answer_sentence(q)}\n</think>\n<answer>{_answer_text(q)}</answer>")
+        turns.append(f"{THINK_PREFIX}{reads_reports(ev, hits, desc, cfg)} {_answer_sentence(q)}\n</think>\n<answer>{_answer_text(q)}</answer>")
     elif not cfg.fine_round:  # the coarse sightings are the answer
-        turns.append(f"{THINK_PREFIX}{found(hits)}\n</think>\n<answer>{_answer_text(q, padded(hits[0], hits[-1]))}</answer>")
+        turns.append(f"{THINK_PREFIX}{reads_reports(ev, hits, desc, cfg)}\n</think>\n<answer>{_answer_text(q, padded(hits[0], hits[-1]))}</answer>")
     else:
         near = (f"The {ev.shape} is {ev.colour}, visible near {hits[0]:.1f} seconds." if shape_first
                 else f"{desc.capitalize()} is visible near {hits[0]:.1f} seconds.")
@@ -221,7 +224,7 @@ def overview_answer(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig
     ev = next(e for e in spec.events if e.shape == q["shape"])
     ov = overview_timestamps(spec.num_frames, spec.fps, k)
     seen = [t for t in ov if ev.visible_at(t)]
-    desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
+    desc = question_desc(ev, q["question_type"])
     if seen:
         thought = f"In the overview {desc} is visible {where(seen)}."
         if cfg.habit_sentence:  # the calling rows' sighting, then the decision in the same place as theirs
@@ -256,7 +259,7 @@ def direct_answer(spec: VideoSpec, q: dict[str, Any], k: int, cfg: WorldConfig) 
     ev = next(e for e in spec.events if e.shape == q["shape"])
     ov = overview_timestamps(spec.num_frames, spec.fps, k)
     seen = [t for t in ov if ev.visible_at(t)]
-    desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
+    desc = question_desc(ev, q["question_type"])
     span = None
     if seen:
         thought = f"In the overview {desc} is visible {where(seen)}."
@@ -351,7 +354,7 @@ def lookup_example(cfg: WorldConfig, split: str, j: int, r) -> dict[str, Any] | 
         hits += [t for t in ts if ev.visible_at(t)]
     if not hits:
         return None
-    desc = f"the {ev.colour} {ev.shape}" if q["question_type"] == "tvg" else f"the {ev.shape}"
+    desc = question_desc(ev, q["question_type"])
     answer = f"{restate(q)} {reads_reports(ev, hits, desc, cfg)}"
     if q["question_type"] != "tvg":
         answer += f" {_answer_sentence(q)}"
