@@ -21,7 +21,9 @@ export WORLD_FLAGS="${WORLD_FLAGS---habit-sentence --no-reading-episode-calls}"
 PILOT="$ROOT/experiments/rl_effects_pilot.sh"
 # what a cold start leaves that the RL arms read
 SHARED=(tiny_model world perception sft_reading sft_reading_long sft probe_perception.json probe_sft.json)
-CORES=$(nproc)
+# the cores this script may use (its own affinity: under an outer taskset, not every core of the machine)
+ALLOWED=($(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))'))
+CORES=${#ALLOWED[@]}
 
 for S in "${SEEDS[@]}"; do
   COLD="$OUT/coldstart/seed_$S"
@@ -38,7 +40,7 @@ for S in "${SEEDS[@]}"; do
     done
     echo "=== seed $S, tool_weight $W -> $RUN (log: $RUN.log) ==="
     if (( CORES >= ${#WEIGHTS[@]} )); then
-      SEED="$S" RL_ARGS="paravt.reward.tool_weight=$W" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 taskset -c "$i" \
+      SEED="$S" RL_ARGS="paravt.reward.tool_weight=$W" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 taskset -c "${ALLOWED[$i]}" \
         bash "$PILOT" "$RUN" > "$RUN.log" 2>&1 &
       PIDS+=($!)
     else
