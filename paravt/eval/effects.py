@@ -16,6 +16,10 @@ questions). In points (× 100):
   PARA's P(call|4) − P(call|64) ≥ +25 with its lower bound above +10, and vanilla's ≤ +10.
 
 An effect that does not appear is reported as such, with the numbers; nothing here is tuned.
+
+``--against RUN_DIR ...`` compares two designs run from the same cold starts (an ablation: the same seeds,
+worlds and eval questions, another RL setting): every effect and cell of the second design minus the
+first's, paired by seed (in the order given) and by question, with the same two-level interval.
 """
 
 from __future__ import annotations
@@ -54,32 +58,45 @@ def per_question(run: Path, row: str, lost: list | None = None) -> dict[str, dic
             for q, v in acc.items()}
 
 
-def paired(a: dict, b: dict, key: str) -> np.ndarray:
-    """``b[key] - a[key]`` per question both rows answered, × 100."""
-    ids = sorted(set(a) & set(b))
-    return 100.0 * np.array([b[i][key] - a[i][key] for i in ids])
+# name -> (label, (model, K) of a, (model, K) of b, key): the effect is b − a per question
+SPECS = {
+    "para_vs_vanilla_K4": ("PARA − vanilla, score at K = 4", ("vanilla", 4), ("paragrpo", 4), "score"),
+    "para_vs_sft_K4": ("PARA − SFT, score at K = 4", ("sft", 4), ("paragrpo", 4), "score"),
+    "para_vs_vanilla_K64": ("PARA − vanilla, score at K = 64", ("vanilla", 64), ("paragrpo", 64), "score"),
+    **{f"gap_{m}": (f"{m}: P(call | 4) − P(call | 64)", (m, 64), (m, 4), "call") for m in MODELS},
+}
+
+
+def paired(a: dict, b: dict, key: str) -> dict[str, float]:
+    """``{question: b[key] - a[key]}`` over the questions both rows answered, × 100."""
+    return {i: 100.0 * (b[i][key] - a[i][key]) for i in sorted(set(a) & set(b))}
+
+
+def load_cells(runs: list[Path], lost: list) -> list[dict]:
+    return [{(m, k): per_question(r, f"{m}-K{k}", lost) for m in MODELS for k in KS} for r in runs]
+
+
+def estimate(name: str, diffs: list[np.ndarray], n_boot: int, seed: int) -> dict:
+    mean, lo, hi = two_level_bootstrap(diffs, n_boot=n_boot, seed=seed)
+    return {"name": name, "mean": mean, "lo": lo, "hi": hi, "per_seed": [float(d.mean()) for d in diffs],
+            "questions": [len(d) for d in diffs]}
+
+
+def effect_values(c: dict, name: str) -> dict[str, float]:
+    _, a, b, key = SPECS[name]
+    return paired(c[a], c[b], key)
+
+
+def cell_means(cells: list[dict]) -> dict:
+    return {f"{m}-K{k}": {key: float(np.mean([100 * np.mean([q[key] for q in c[m, k].values()]) for c in cells]))
+                          for key in ("score", "call")} for m in MODELS for k in KS}
 
 
 def effects(runs: list[Path], n_boot: int = 10000, seed: int = 0) -> dict:
     lost: list[str] = []
-    cells = [{(m, k): per_question(r, f"{m}-K{k}", lost) for m in MODELS for k in KS} for r in runs]
-
-    def est(name: str, diffs: list[np.ndarray]) -> dict:
-        mean, lo, hi = two_level_bootstrap(diffs, n_boot=n_boot, seed=seed)
-        return {"name": name, "mean": mean, "lo": lo, "hi": hi, "per_seed": [float(d.mean()) for d in diffs],
-                "questions": [len(d) for d in diffs]}
-
-    e = {
-        "para_vs_vanilla_K4": est("PARA − vanilla, score at K = 4",
-                                  [paired(c["vanilla", 4], c["paragrpo", 4], "score") for c in cells]),
-        "para_vs_sft_K4": est("PARA − SFT, score at K = 4", [paired(c["sft", 4], c["paragrpo", 4], "score") for c in cells]),
-        "para_vs_vanilla_K64": est("PARA − vanilla, score at K = 64",
-                                   [paired(c["vanilla", 64], c["paragrpo", 64], "score") for c in cells]),
-    }
-    for m in MODELS:  # P(call | 4) − P(call | 64), paired over questions
-        e[f"gap_{m}"] = est(f"{m}: P(call | 4) − P(call | 64)", [paired(c[m, 64], c[m, 4], "call") for c in cells])
-    cell_means = {f"{m}-K{k}": {key: float(np.mean([100 * np.mean([q[key] for q in c[m, k].values()]) for c in cells]))
-                                for key in ("score", "call")} for m in MODELS for k in KS}
+    cells = load_cells(runs, lost)
+    e = {name: estimate(spec[0], [np.array(list(effect_values(c, name).values())) for c in cells], n_boot, seed)
+         for name, spec in SPECS.items()}
     checks = {
         "E1": (e["para_vs_vanilla_K4"]["mean"] >= 5 and e["para_vs_vanilla_K4"]["lo"] > 0
                and e["para_vs_sft_K4"]["mean"] >= 5 and e["para_vs_sft_K4"]["lo"] > 0
@@ -87,7 +104,43 @@ def effects(runs: list[Path], n_boot: int = 10000, seed: int = 0) -> dict:
         "E2_precondition": abs(e["gap_sft"]["mean"]) <= 10,
         "E2": (e["gap_paragrpo"]["mean"] >= 25 and e["gap_paragrpo"]["lo"] > 10 and e["gap_vanilla"]["mean"] <= 10),
     }
-    return {"seeds": [str(r) for r in runs], "effects": e, "cells": cell_means, "checks": checks, "lost": lost}
+    return {"seeds": [str(r) for r in runs], "effects": e, "cells": cell_means(cells), "checks": checks, "lost": lost}
+
+
+def compare(base: list[Path], other: list[Path], n_boot: int = 10000, seed: int = 0) -> dict:
+    """Each effect and cell of ``other`` minus ``base``, paired by seed (the i-th of each) and by question."""
+    if len(base) != len(other):
+        raise ValueError(f"--against needs one run per seed of the first design: {len(base)} against {len(other)}")
+    lost: list[str] = []
+    cb, co = load_cells(base, lost), load_cells(other, lost)
+
+    def diff(name: str | None, key: str | None = None, cell: tuple | None = None) -> list[np.ndarray]:
+        out = []
+        for b, o in zip(cb, co):
+            vb = effect_values(b, name) if name else {q: 100.0 * v[key] for q, v in b[cell].items()}
+            vo = effect_values(o, name) if name else {q: 100.0 * v[key] for q, v in o[cell].items()}
+            ids = sorted(set(vb) & set(vo))
+            out.append(np.array([vo[i] - vb[i] for i in ids]))
+        return out
+
+    e = {name: estimate(spec[0], diff(name), n_boot, seed) for name, spec in SPECS.items()}
+    for m in MODELS:
+        for k in KS:
+            for key, label in (("score", "score"), ("call", "P(call)")):
+                e[f"{m}_K{k}_{key}"] = estimate(f"{m}, {label} at K = {k}", diff(None, key, (m, k)), n_boot, seed)
+    return {"seeds": [str(r) for r in base], "against": [str(r) for r in other], "effects": e, "lost": lost}
+
+
+def compare_markdown(res: dict) -> str:
+    n = len(res["seeds"])
+    lines = [f"The second design minus the first, paired by seed and question; {n} seed(s) (points):", "",
+             "| effect or cell | difference [95% interval] | per seed |", "|---|---|---|"]
+    for e in res["effects"].values():
+        per = ", ".join(f"{v:+.1f}" for v in e["per_seed"])
+        lines.append(f"| {e['name']} | {e['mean']:+.1f} [{e['lo']:+.1f}, {e['hi']:+.1f}] | {per} |")
+    if res["lost"]:
+        lines.append(f"- {len(res['lost'])} draw(s) failed and are left out, e.g. {res['lost'][0]}")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(res: dict) -> str:
@@ -117,15 +170,17 @@ def markdown(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m paravt.eval.effects", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="one rl_effects_pilot.sh output folder per seed")
+    ap.add_argument("--against", nargs="+", type=Path, metavar="RUN_DIR",
+                    help="a second design's folders, one per seed in the same order: report its effects minus the first's")
     ap.add_argument("--out", type=Path, help="write the markdown here (and the numbers beside it as .json)")
     ap.add_argument("--n-boot", type=int, default=10000)
     a = ap.parse_args(argv)
     try:
-        res = effects(a.runs, n_boot=a.n_boot)
-    except FileNotFoundError as exc:
+        res = compare(a.runs, a.against, n_boot=a.n_boot) if a.against else effects(a.runs, n_boot=a.n_boot)
+    except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    md = markdown(res)
+    md = compare_markdown(res) if a.against else markdown(res)
     print(md, end="")
     if a.out:
         a.out.write_text(md)

@@ -67,3 +67,24 @@ def test_a_missing_cell_or_a_lost_draw_is_one_line_and_a_failing_exit(tmp_path, 
     assert main([str(tmp_path / "nope"), "--n-boot", "50"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope/eval/sft-K4" in err[0]
+
+
+def test_against_compares_two_designs_seed_by_seed_and_question_by_question(tmp_path, capsys):
+    from paravt.eval.effects import compare
+
+    base = [_seed(tmp_path / "base", s, p) for s, p in enumerate((0.2, 0.3, 0.4))]
+    other = [_seed(tmp_path / "other", s, p) for s, p in enumerate((0.8, 0.6, 0.7))]
+    res = compare(base, other, n_boot=500)
+    e = res["effects"]
+    # PARA's K-gap: 70 points against 30 on average, seed by seed +60, +30, +30
+    assert e["gap_paragrpo"]["per_seed"] == pytest.approx([60, 30, 30]) and e["gap_paragrpo"]["mean"] == pytest.approx(40)
+    assert e["gap_paragrpo"]["lo"] > 0 and e["gap_sft"]["mean"] == pytest.approx(0)
+    assert e["paragrpo_K4_call"]["mean"] == pytest.approx(40) and e["vanilla_K64_score"]["mean"] == pytest.approx(0)
+    # the questions PARA newly calls on: every draw right instead of half
+    assert e["paragrpo_K4_score"]["per_seed"] == pytest.approx([30, 15, 15])
+    assert main([str(r) for r in base] + ["--against"] + [str(r) for r in other] + ["--n-boot", "50"]) == 0
+    assert "| paragrpo: P(call | 4) − P(call | 64) | +40.0" in capsys.readouterr().out
+    # one folder per seed in each design, or one line and exit 2
+    assert main([str(r) for r in base] + ["--against", str(other[0]), "--n-boot", "50"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "3 against 1" in err[0]
