@@ -9,7 +9,8 @@
 # The weights of one seed run side by side, one core and one thread each, when the machine has a core per
 # weight; otherwise one after another. ~75 min per seed on 2 cores (cold start ~20, the arms ~55).
 # Resumable: finished cold starts, RL runs and eval cells are reused (rerun the same command).
-# Writes OUT/coldstart/seed_<s>/, OUT/w<weight>/seed_<s>/ (rl_effects_pilot.sh folders) and OUT/w<weight>/effects.md.
+# Writes OUT/coldstart/seed_<s>/, OUT/w<weight>/seed_<s>/ (rl_effects_pilot.sh folders), OUT/w<weight>/effects.md and,
+# per later weight, OUT/w<weight>_minus_w<first>.md (python -m paravt.eval.effects --against: paired by seed and question).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0" | sed '1s/^/usage: /'; exit 0; fi
@@ -60,4 +61,10 @@ for W in "${WEIGHTS[@]}"; do
   RUNS=(); for S in "${SEEDS[@]}"; do RUNS+=("$OUT/w$W/seed_$S"); done
   echo "=== tool_weight $W across seeds ${SEEDS[*]} -> $OUT/w$W/effects.md ==="
   python -m paravt.eval.effects "${RUNS[@]}" --out "$OUT/w$W/effects.md"
+done
+# each other weight against the first, seed by seed and question by question (same cold starts, same questions)
+for W in "${WEIGHTS[@]:1}"; do
+  BASE=(); OTHER=(); for S in "${SEEDS[@]}"; do BASE+=("$OUT/w${WEIGHTS[0]}/seed_$S"); OTHER+=("$OUT/w$W/seed_$S"); done
+  echo "=== tool_weight $W minus tool_weight ${WEIGHTS[0]}, paired -> $OUT/w${W}_minus_w${WEIGHTS[0]}.md ==="
+  python -m paravt.eval.effects "${BASE[@]}" --against "${OTHER[@]}" --out "$OUT/w${W}_minus_w${WEIGHTS[0]}.md"
 done

@@ -13,6 +13,8 @@
 #   says what each does): WORLD_PRESET (needle), HEAD (trained | frozen | tied), SFT_READING (1),
 #   READING_FORMAT (user), SFT_PHASES ("reading_long:600 reading_episode:600"), WARMUP_STEPS (0), COPY_AUX (0),
 #   TINY_ARGS and WORLD_FLAGS (extra flags of python -m paravt.models.tiny / python -m paravt.data.synthetic)
+#   QUICKSTART_JOBS (2 where the machine has 2 cores, else 1): 2 runs the stages that do not depend on each other
+#     side by side, one OpenMP thread each: the two RL arms, and the eval cells at K = 4 beside those at K = 64
 #   SFT_ATTN: the SFT stages' attention (default: the recipe's sdpa_varlen, attention on each packed sequence alone;
 #     sdpa: transformers' sdpa over the whole pack, the same logits ~1.5x slower, the setting of the tiny numbers
 #     in docs/RESULTS.md up to 2026-11-28 unless their entry names sdpa_varlen)
@@ -22,6 +24,8 @@ for a in "$@"; do  # --help before any work (no venv needed)
   if [[ "$a" == "-h" || "$a" == "--help" ]]; then sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0" | sed '1s/^/usage: /'; exit 0; fi
 done
 OUT="${1:-$ROOT/runs/quickstart}"
+JOBS="${QUICKSTART_JOBS:-$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) >= 2 ? 2 : 1 ))}"  # nproc alone follows OMP_NUM_THREADS
+[[ "$JOBS" == 1 || "$JOBS" == 2 ]] || { echo "QUICKSTART_JOBS must be 1 or 2, got '$JOBS'" >&2; exit 2; }
 bash "$ROOT/scripts/setup_env.sh" cpu
 source "$ROOT/scripts/_common.sh" cpu
 cd "$ROOT"
@@ -118,14 +122,30 @@ done
 # the sub-agents see as many frames per crop as the world's expert did (the needle preset: 30 at 1 fps)
 CROP_FRAMES=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config']['crop_max_frames'])" "$OUT/world/world.json")
 
-for RUN in vanilla paragrpo; do
-  RECIPE=configs/rl/tiny.yaml; [[ $RUN == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
-  step "rl_$RUN" "6/8 RL: $RUN ($RL_STEPS steps) -> $OUT/rl_$RUN"
-  if [[ -e "$OUT/rl_$RUN/final/config.json" ]]; then reuse; else
-    NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
-      "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED" \
-      hierarchical_agent.crop.max_frames="$CROP_FRAMES"; fi
-done
+rl_arm() {  # rl_arm vanilla|paragrpo: one RL arm from the SFT checkpoint through scripts/run_rl.sh
+  local RECIPE=configs/rl/tiny.yaml; [[ $1 == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
+  NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$1" \
+    "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED" \
+    hierarchical_agent.crop.max_frames="$CROP_FRAMES"
+}
+rl_done() { [[ -e "$OUT/rl_$1/final/config.json" ]]; }
+if (( JOBS == 1 )) || rl_done vanilla || rl_done paragrpo; then
+  for RUN in vanilla paragrpo; do
+    step "rl_$RUN" "6/8 RL: $RUN ($RL_STEPS steps) -> $OUT/rl_$RUN"
+    if rl_done "$RUN"; then reuse; else rl_arm "$RUN"; fi
+  done
+else
+  # The two arms do not depend on each other: vanilla GRPO runs beside PARA-GRPO, one OpenMP thread each (the
+  # tiny model's ops gain little from a second thread), its log in rl_vanilla.log, PARA-GRPO's on the console.
+  step rl "6/8 RL: vanilla GRPO and PARA-GRPO side by side ($RL_STEPS steps each) -> $OUT/rl_vanilla, $OUT/rl_paragrpo"
+  echo "vanilla GRPO's log: $OUT/rl_vanilla.log"
+  ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; rl_arm vanilla ) > "$OUT/rl_vanilla.log" 2>&1 & VANILLA=$!
+  rc=0; ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; rl_arm paragrpo ) || rc=$?
+  vrc=0; wait "$VANILLA" || vrc=$?
+  if (( vrc )); then echo "RL vanilla GRPO failed (exit $vrc); the end of $OUT/rl_vanilla.log:" >&2; tail -40 "$OUT/rl_vanilla.log" >&2; fi
+  (( rc == 0 && vrc == 0 )) || exit $(( rc ? rc : vrc ))
+  echo "vanilla GRPO finished beside it: $(tail -n 1 "$OUT/rl_vanilla.log")"
+fi
 
 step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT samples each)"
 # Tools run as in training (weight-sharing sub-agents, greedy): the tiny model never saw crop frames
@@ -138,24 +158,34 @@ BASE=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_L
       "concurrency=${EVAL_CONCURRENCY:-64}")
 TOOLS=("max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64" "crop.max_frames=$CROP_FRAMES")
 : > "$OUT/eval.log"
-evalrow() {  # one eval cell; its full log goes to eval.log, one progress line to the console
-  local row="$1"; shift
+evalrow() {  # one eval cell: its full log goes to LOG, one line to the console when it ends
+  local log="$1" row="$2"; shift 2
   local t; t=$(date +%s)
-  printf '  %-20s ' "$row"
-  python -m paravt.eval.driver row="$row" progress=false "$@" >> "$OUT/eval.log" 2>&1 || { echo FAILED; tail -30 "$OUT/eval.log"; exit 1; }
-  python - "$OUT/eval/$row/image_url/synthetic.json" "$(( $(date +%s) - t ))" <<'PY'
+  python -m paravt.eval.driver row="$row" progress=false "$@" >> "$log" 2>&1 \
+    || { echo "  $row FAILED (exit $?); the end of $log:"; tail -30 "$log"; return 1; }
+  python - "$row" "$OUT/eval/$row/image_url/synthetic.json" "$(( $(date +%s) - t ))" <<'PY'
 import json, sys
-s = json.load(open(sys.argv[1]))
-print(f"score {100 * s['score']:5.1f}  compliance {100 * s['format_compliance']:5.1f}  tools {100 * s['tool_usage_rate']:5.1f}%"
-      f"  ({s['evaluated']} q, {sys.argv[2]} s)")
+s = json.load(open(sys.argv[2]))
+print(f"  {sys.argv[1]:<20} score {100 * s['score']:5.1f}  compliance {100 * s['format_compliance']:5.1f}"
+      f"  tools {100 * s['tool_usage_rate']:5.1f}%  ({s['evaluated']} q, {sys.argv[3]} s)", flush=True)
 PY
 }
-for K in 4 64; do
-  evalrow "sft-notool-K$K" model="$OUT/sft/final" nframes=$K prompt_mode=direct "${BASE[@]}"
-  evalrow "sft-tool-K$K" model="$OUT/sft/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}"
-  evalrow "vanilla-tool-K$K" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${BASE[@]}" "${TOOLS[@]}"
-  evalrow "paragrpo-tool-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}" save_trajectory=true trajectory_thumbnails=48
-done
+evalcells() {  # evalcells K LOG: the four cells at K
+  local K="$1" log="$2"
+  evalrow "$log" "sft-notool-K$K" model="$OUT/sft/final" nframes=$K prompt_mode=direct "${BASE[@]}" &&
+  evalrow "$log" "sft-tool-K$K" model="$OUT/sft/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}" &&
+  evalrow "$log" "vanilla-tool-K$K" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${BASE[@]}" "${TOOLS[@]}" &&
+  evalrow "$log" "paragrpo-tool-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}" save_trajectory=true trajectory_thumbnails=48
+}
+if (( JOBS == 1 )); then
+  for K in 4 64; do evalcells $K "$OUT/eval.log" || exit 1; done
+else
+  # the K = 4 cells beside the K = 64 cells, one OpenMP thread each; each chain's log is its own
+  ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; evalcells 4 "$OUT/eval.log" ) & K4=$!
+  rc=0; ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; evalcells 64 "$OUT/eval_K64.log" ) || rc=$?
+  wait "$K4" || rc=1
+  (( rc == 0 )) || exit 1
+fi
 # The trajectory viewer: every PARA-GRPO eval episode (K = 4 and 64) on one static page.
 python -m paravt.viz "$OUT"/eval/paragrpo-tool-K*/image_url/synthetic.jsonl -o "$OUT/viewer_eval.html" \
   --title "PARA-GRPO eval episodes (quickstart)"

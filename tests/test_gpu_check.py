@@ -32,6 +32,7 @@ def test_gpu_check_without_cuda_skips_with_a_reason_and_exits_0(tmp_path):
     assert res["verdicts"] == {}
 
 
+@pytest.mark.launcher  # about a minute: every unit of the check as a subprocess, run with the launch group
 def test_gpu_check_figures_run_end_to_end_at_tiny_width(tmp_path):
     out = tmp_path / "small"
     r = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--small", "--out", str(out), "--numerics-layers", "1",

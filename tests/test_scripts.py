@@ -188,3 +188,35 @@ def test_fragility_tiny_names_a_bad_knob_and_refuses_a_folder_made_with_other_se
     (frag / "native.parquet").write_text("")
     r = run()
     assert r.returncode == 2 and "settings were not recorded" in r.stderr, r.stderr
+
+
+@pytest.mark.launcher
+def test_quickstart_side_by_side_rl_arms_fail_loudly(world, tiny_dir, tmp_path):
+    """QUICKSTART_JOBS=2 runs the RL arms side by side: an arm that fails there stops the quickstart with its
+    exit code and vanilla GRPO's log shown, before any eval."""
+    import json
+    import shutil
+
+    out = tmp_path / "qs"
+    out.mkdir()
+    # every stage before RL finished (reused): the tiny model, the world, perception and one SFT phase
+    (out / "world").symlink_to(world)
+    assert (world / "world_stats.json").exists() and (world / "local/materialize_report.json").exists()
+    shutil.copytree(tiny_dir, out / "tiny_model")
+    (out / "tiny_model/paravt_tiny.json").write_text("{}")
+    for stage in ("perception", "sft"):
+        (out / stage).mkdir()
+        (out / stage / "final").symlink_to(tiny_dir)
+    for probe in ("probe_perception.json", "probe_sft.json"):
+        (out / probe).write_text(json.dumps({}))
+    # RL_STEPS=0 is refused by both arms' start-up check (max_steps >= 1)
+    env = {**os.environ, "QUICKSTART_JOBS": "2", "RL_STEPS": "0", "SFT_READING": "0", "SFT_PHASES": ""}
+    r = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "side by side" in r.stdout and "7/8" not in r.stdout
+    assert "RL vanilla GRPO failed (exit 2)" in r.stderr and "max_steps" in r.stderr
+    assert "max_steps" in (out / "rl_vanilla.log").read_text()
+    # a bad knob is one line
+    r = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=600,
+                       env={**env, "QUICKSTART_JOBS": "3"})
+    assert r.returncode == 2 and "QUICKSTART_JOBS must be 1 or 2, got '3'" in r.stderr
