@@ -14,7 +14,7 @@
 #   READING_FORMAT (user), SFT_PHASES ("reading_long:600 reading_episode:600"), WARMUP_STEPS (0), COPY_AUX (0),
 #   TINY_ARGS and WORLD_FLAGS (extra flags of python -m paravt.models.tiny / python -m paravt.data.synthetic)
 #   QUICKSTART_JOBS (2 where the machine has 2 cores, else 1): 2 runs the stages that do not depend on each other
-#     side by side, one OpenMP thread each: the two RL arms, and the eval cells at K = 4 beside those at K = 64
+#     side by side, one OpenMP thread each: the two RL arms, and the eight eval cells in two chains
 #   SFT_ATTN: the SFT stages' attention (default: the recipe's sdpa_varlen, attention on each packed sequence alone;
 #     sdpa: transformers' sdpa over the whole pack, the same logits ~1.5x slower, the setting of the tiny numbers
 #     in docs/RESULTS.md up to 2026-11-28 unless their entry names sdpa_varlen)
@@ -170,20 +170,32 @@ print(f"  {sys.argv[1]:<20} score {100 * s['score']:5.1f}  compliance {100 * s['
       f"  tools {100 * s['tool_usage_rate']:5.1f}%  ({s['evaluated']} q, {sys.argv[3]} s)", flush=True)
 PY
 }
-evalcells() {  # evalcells K LOG: the four cells at K
-  local K="$1" log="$2"
-  evalrow "$log" "sft-notool-K$K" model="$OUT/sft/final" nframes=$K prompt_mode=direct "${BASE[@]}" &&
-  evalrow "$log" "sft-tool-K$K" model="$OUT/sft/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}" &&
-  evalrow "$log" "vanilla-tool-K$K" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${BASE[@]}" "${TOOLS[@]}" &&
-  evalrow "$log" "paragrpo-tool-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}" save_trajectory=true trajectory_thumbnails=48
+evalcell() {  # evalcell LOG ROW: one of the eight cells, by name
+  local log="$1" row="$2" K="${2##*-K}"
+  case "$row" in
+    sft-notool-*) evalrow "$log" "$row" model="$OUT/sft/final" nframes=$K prompt_mode=direct "${BASE[@]}" ;;
+    sft-tool-*) evalrow "$log" "$row" model="$OUT/sft/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}" ;;
+    vanilla-tool-*) evalrow "$log" "$row" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${BASE[@]}" "${TOOLS[@]}" ;;
+    paragrpo-tool-*) evalrow "$log" "$row" model="$OUT/rl_paragrpo/final" nframes=$K "${BASE[@]}" "${TOOLS[@]}" \
+                       save_trajectory=true trajectory_thumbnails=48 ;;
+  esac
+}
+evalcells() {  # evalcells LOG ROW...: cells one after another, the first failure ends the chain
+  local log="$1" row; shift
+  for row in "$@"; do evalcell "$log" "$row" || return 1; done
 }
 if (( JOBS == 1 )); then
-  for K in 4 64; do evalcells $K "$OUT/eval.log" || exit 1; done
+  evalcells "$OUT/eval.log" sft-notool-K4 sft-tool-K4 vanilla-tool-K4 paragrpo-tool-K4 \
+    sft-notool-K64 sft-tool-K64 vanilla-tool-K64 paragrpo-tool-K64 || exit 1
 else
-  # the K = 4 cells beside the K = 64 cells, one OpenMP thread each; each chain's log is its own
-  ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; evalcells 4 "$OUT/eval.log" ) & K4=$!
-  rc=0; ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; evalcells 64 "$OUT/eval_K64.log" ) || rc=$?
-  wait "$K4" || rc=1
+  # two chains side by side, one OpenMP thread each, each with its own log. A tools cell at K = 4 (crops by
+  # sub-agents) costs about twice a K = 64 cell and five times a no-tools cell at K = 4, so one chain takes
+  # two of them and the other one, with the K = 64 cells.
+  ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+    evalcells "$OUT/eval.log" sft-tool-K4 vanilla-tool-K4 sft-notool-K4 sft-notool-K64 ) & CHAIN=$!
+  rc=0; ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+          evalcells "$OUT/eval_b.log" paragrpo-tool-K4 sft-tool-K64 vanilla-tool-K64 paragrpo-tool-K64 ) || rc=$?
+  wait "$CHAIN" || rc=1
   (( rc == 0 )) || exit 1
 fi
 # The trajectory viewer: every PARA-GRPO eval episode (K = 4 and 64) on one static page.

@@ -51,7 +51,7 @@ def test_short_quickstart(tmp_path):
     if len(os.sched_getaffinity(0)) >= 2:  # QUICKSTART_JOBS' default there: the RL arms and the two K's eval cells side by side
         assert "rl\t" in stages and "side by side" in r.stdout
         assert "finished beside it" in r.stdout and (out / "rl_vanilla.log").stat().st_size > 0
-        assert (out / "eval_K64.log").stat().st_size > 0 and (out / "eval.log").stat().st_size > 0
+        assert (out / "eval_b.log").stat().st_size > 0 and (out / "eval.log").stat().st_size > 0
     # rerunning reuses every finished stage
     r2 = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=900,
                         env={**os.environ, "QUICKSTART_SMALL": "1"})
