@@ -157,7 +157,7 @@ step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT sam
 BASE=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS" "overview=paravt" "resume=restart"
       "concurrency=${EVAL_CONCURRENCY:-64}")
 TOOLS=("max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64" "crop.max_frames=$CROP_FRAMES")
-: > "$OUT/eval.log"
+: > "$OUT/eval.log"; : > "$OUT/eval_b.log"  # this run's eval logs only
 evalrow() {  # one eval cell: its full log goes to LOG, one line to the console when it ends
   local log="$1" row="$2"; shift 2
   local t; t=$(date +%s)
@@ -189,8 +189,8 @@ if (( JOBS == 1 )); then
     sft-notool-K64 sft-tool-K64 vanilla-tool-K64 paragrpo-tool-K64 || exit 1
 else
   # two chains side by side, one OpenMP thread each, each with its own log. A tools cell at K = 4 (crops by
-  # sub-agents) costs about twice a K = 64 cell and five times a no-tools cell at K = 4, so one chain takes
-  # two of them and the other one, with the K = 64 cells.
+  # sub-agents) costs about twice a K = 64 cell and five times a no-tools cell at K = 4, so one chain takes two
+  # tools cells at K = 4 and the two no-tools cells, the other the third tools cell at K = 4 and the K = 64 ones.
   ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
     evalcells "$OUT/eval.log" sft-tool-K4 vanilla-tool-K4 sft-notool-K4 sft-notool-K64 ) & CHAIN=$!
   rc=0; ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
