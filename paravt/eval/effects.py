@@ -114,33 +114,34 @@ def compare(base: list[Path], other: list[Path], n_boot: int = 10000, seed: int 
     lost: list[str] = []
     cb, co = load_cells(base, lost), load_cells(other, lost)
 
-    def diff(name: str | None, key: str | None = None, cell: tuple | None = None) -> list[np.ndarray]:
+    def diff(values) -> list[np.ndarray]:  # values(cells of one seed) -> {question: value}
         out = []
         for b, o in zip(cb, co):
-            vb = effect_values(b, name) if name else {q: 100.0 * v[key] for q, v in b[cell].items()}
-            vo = effect_values(o, name) if name else {q: 100.0 * v[key] for q, v in o[cell].items()}
-            ids = sorted(set(vb) & set(vo))
-            out.append(np.array([vo[i] - vb[i] for i in ids]))
+            vb, vo = values(b), values(o)
+            out.append(np.array([vo[i] - vb[i] for i in sorted(set(vb) & set(vo))]))
         return out
 
-    e = {name: estimate(spec[0], diff(name), n_boot, seed) for name, spec in SPECS.items()}
+    e = {name: estimate(spec[0], diff(lambda c, n=name: effect_values(c, n)), n_boot, seed) for name, spec in SPECS.items()}
     for m in MODELS:
         for k in KS:
             for key, label in (("score", "score"), ("call", "P(call)")):
-                e[f"{m}_K{k}_{key}"] = estimate(f"{m}, {label} at K = {k}", diff(None, key, (m, k)), n_boot, seed)
+                cell = diff(lambda c, mk=(m, k), key=key: {q: 100.0 * v[key] for q, v in c[mk].items()})
+                e[f"{m}_K{k}_{key}"] = estimate(f"{m}, {label} at K = {k}", cell, n_boot, seed)
     return {"seeds": [str(r) for r in base], "against": [str(r) for r in other], "effects": e, "lost": lost}
 
 
 def compare_markdown(res: dict) -> str:
     n = len(res["seeds"])
     lines = [f"The second design minus the first, paired by seed and question; {n} seed(s) (points):", "",
-             "| effect or cell | difference [95% interval] | per seed |", "|---|---|---|"]
-    for e in res["effects"].values():
-        per = ", ".join(f"{v:+.1f}" for v in e["per_seed"])
-        lines.append(f"| {e['name']} | {e['mean']:+.1f} [{e['lo']:+.1f}, {e['hi']:+.1f}] | {per} |")
+             "| effect or cell | difference [95% interval] | per seed |", "|---|---|---|", *effect_rows(res["effects"])]
     if res["lost"]:
         lines.append(f"- {len(res['lost'])} draw(s) failed and are left out, e.g. {res['lost'][0]}")
     return "\n".join(lines) + "\n"
+
+
+def effect_rows(effects: dict) -> list[str]:
+    return [f"| {e['name']} | {e['mean']:+.1f} [{e['lo']:+.1f}, {e['hi']:+.1f}] | "
+            + ", ".join(f"{v:+.1f}" for v in e["per_seed"]) + " |" for e in effects.values()]
 
 
 def markdown(res: dict) -> str:
@@ -150,10 +151,7 @@ def markdown(res: dict) -> str:
     for name, c in res["cells"].items():
         m, k = name.rsplit("-K", 1)
         lines.append(f"| {m} | {k} | {c['score']:.1f} | {c['call']:.1f} |")
-    lines += ["", "| effect | mean [95% interval] | per seed |", "|---|---|---|"]
-    for e in res["effects"].values():
-        per = ", ".join(f"{v:+.1f}" for v in e["per_seed"])
-        lines.append(f"| {e['name']} | {e['mean']:+.1f} [{e['lo']:+.1f}, {e['hi']:+.1f}] | {per} |")
+    lines += ["", "| effect | mean [95% interval] | per seed |", "|---|---|---|", *effect_rows(res["effects"])]
     c = res["checks"]
     verdict = lambda ok: "holds" if ok else "does not hold"  # noqa: E731
     lines += ["", f"- E1 (PARA − vanilla and PARA − SFT ≥ +5 at K = 4, lower bounds > 0; |PARA − vanilla| ≤ 5 at "
