@@ -19,7 +19,6 @@ if [[ -f "$PARAVT_ROOT/.secrets.env" ]]; then
 fi
 # wandb: the recipe's logging.wandb_mode (offline by default; online to sync) unless WANDB_MODE is set.
 export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
-export DS_ACCELERATOR="${DS_ACCELERATOR:-$(python -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo cpu)}"
 
 # --help / -h anywhere: the calling script's header comment (its usage), then, for a stage
 # launcher, every setting of the stage (python -m <module> [RECIPE] --help). Exits 0.

@@ -129,25 +129,8 @@ rl_arm() {  # rl_arm vanilla|paragrpo: one RL arm from the SFT checkpoint throug
     hierarchical_agent.crop.max_frames="$CROP_FRAMES"
 }
 rl_done() { [[ -e "$OUT/rl_$1/final/config.json" ]]; }
-if (( JOBS == 1 )) || rl_done vanilla || rl_done paragrpo; then
-  for RUN in vanilla paragrpo; do
-    step "rl_$RUN" "6/8 RL: $RUN ($RL_STEPS steps) -> $OUT/rl_$RUN"
-    if rl_done "$RUN"; then reuse; else rl_arm "$RUN"; fi
-  done
-else
-  # The two arms do not depend on each other: vanilla GRPO runs beside PARA-GRPO, one OpenMP thread each (the
-  # tiny model's ops gain little from a second thread), its log in rl_vanilla.log, PARA-GRPO's on the console.
-  step rl "6/8 RL: vanilla GRPO and PARA-GRPO side by side ($RL_STEPS steps each) -> $OUT/rl_vanilla, $OUT/rl_paragrpo"
-  echo "vanilla GRPO's log: $OUT/rl_vanilla.log"
-  ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; rl_arm vanilla ) > "$OUT/rl_vanilla.log" 2>&1 & VANILLA=$!
-  rc=0; ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; rl_arm paragrpo ) || rc=$?
-  vrc=0; wait "$VANILLA" || vrc=$?
-  if (( vrc )); then echo "RL vanilla GRPO failed (exit $vrc); the end of $OUT/rl_vanilla.log:" >&2; tail -40 "$OUT/rl_vanilla.log" >&2; fi
-  (( rc == 0 && vrc == 0 )) || exit $(( rc ? rc : vrc ))
-  echo "vanilla GRPO finished beside it: $(tail -n 1 "$OUT/rl_vanilla.log")"
-fi
 
-step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT samples each)"
+# Eval on the held-out synthetic set, K = 4 and 64, EVAL_LIMIT questions per cell.
 # Tools run as in training (weight-sharing sub-agents, greedy): the tiny model never saw crop frames
 # returned to the main agent, which is the paper's eval protocol for the 8B (crop.mode=frames).
 # overview=paravt: the overview in the tiny model's training format (timestamps, header, "<think>\n").
@@ -157,7 +140,6 @@ step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT sam
 BASE=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_LIMIT" "max_new_tokens=$EVAL_TOKENS" "overview=paravt" "resume=restart"
       "concurrency=${EVAL_CONCURRENCY:-64}")
 TOOLS=("max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64" "crop.max_frames=$CROP_FRAMES")
-: > "$OUT/eval.log"; : > "$OUT/eval_b.log"  # this run's eval logs only
 evalrow() {  # one eval cell: its full log goes to LOG, one line to the console when it ends
   local log="$1" row="$2"; shift 2
   local t; t=$(date +%s)
@@ -184,19 +166,60 @@ evalcells() {  # evalcells LOG ROW...: cells one after another, the first failur
   local log="$1" row; shift
   for row in "$@"; do evalcell "$log" "$row" || return 1; done
 }
-if (( JOBS == 1 )); then
+tree() {  # tree PID: the process and all its descendants (Linux /proc; no procps needed)
+  local kid; echo "$1"; for kid in $(cat /proc/"$1"/task/*/children 2>/dev/null); do tree "$kid"; done
+}
+
+if (( JOBS == 1 )) || rl_done vanilla || rl_done paragrpo; then
+  for RUN in vanilla paragrpo; do
+    step "rl_$RUN" "6/8 RL: $RUN ($RL_STEPS steps) -> $OUT/rl_$RUN"
+    if rl_done "$RUN"; then reuse; else rl_arm "$RUN"; fi
+  done
+  step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT samples each)"
+  : > "$OUT/eval.log"  # this run's eval log only
   evalcells "$OUT/eval.log" sft-notool-K4 sft-tool-K4 vanilla-tool-K4 paragrpo-tool-K4 \
     sft-notool-K64 sft-tool-K64 vanilla-tool-K64 paragrpo-tool-K64 || exit 1
 else
-  # two chains side by side, one OpenMP thread each, each with its own log. A tools cell at K = 4 (crops by
-  # sub-agents) costs about twice a K = 64 cell and five times a no-tools cell at K = 4, so one chain takes two
-  # tools cells at K = 4 and the two no-tools cells, the other the third tools cell at K = 4 and the K = 64 ones.
-  ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-    evalcells "$OUT/eval.log" sft-tool-K4 vanilla-tool-K4 sft-notool-K4 sft-notool-K64 ) & CHAIN=$!
-  rc=0; ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-          evalcells "$OUT/eval_b.log" paragrpo-tool-K4 sft-tool-K64 vanilla-tool-K64 paragrpo-tool-K64 ) || rc=$?
-  wait "$CHAIN" || rc=1
-  (( rc == 0 )) || exit 1
+  # Two chains side by side, one OpenMP thread each (the tiny model's ops gain little from a second thread),
+  # each an RL arm and then the eval cells of its model, then two of the SFT cells (which need only the SFT
+  # checkpoint): about equal work each, so neither core waits for the other. PARA-GRPO's RL log is on the
+  # console, vanilla GRPO's in rl_vanilla.log; the cells' logs are eval.log and eval_b.log, one line each here.
+  # A chain that fails stops the other at once; the run exits with the failed chain's code.
+  step rl_eval "6-7/8 RL and eval side by side: PARA-GRPO then its cells, vanilla GRPO then its cells ($RL_STEPS RL steps each, $EVAL_LIMIT questions per cell)"
+  echo "vanilla GRPO's log: $OUT/rl_vanilla.log"
+  : > "$OUT/eval.log"; : > "$OUT/eval_b.log"
+  chain_para() {
+    local t rc=0; t=$(date +%s)
+    rl_arm paragrpo || rc=$?
+    if (( rc )); then echo "RL PARA-GRPO failed (exit $rc)" >&2; return "$rc"; fi
+    echo "PARA-GRPO RL finished ($(( $(date +%s) - t )) s); its eval cells follow"
+    evalcells "$OUT/eval.log" paragrpo-tool-K4 paragrpo-tool-K64 sft-notool-K4 sft-notool-K64
+  }
+  chain_vanilla() {
+    local t rc=0; t=$(date +%s)
+    rl_arm vanilla > "$OUT/rl_vanilla.log" 2>&1 || rc=$?
+    if (( rc )); then
+      echo "RL vanilla GRPO failed (exit $rc); the end of $OUT/rl_vanilla.log:" >&2; tail -40 "$OUT/rl_vanilla.log" >&2
+      return "$rc"
+    fi
+    echo "vanilla GRPO finished beside it ($(( $(date +%s) - t )) s): $(tail -n 1 "$OUT/rl_vanilla.log")"
+    evalcells "$OUT/eval_b.log" vanilla-tool-K4 vanilla-tool-K64 sft-tool-K4 sft-tool-K64
+  }
+  ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; chain_para ) & PARA=$!
+  ( export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; chain_vanilla ) & VANILLA=$!
+  SIGNALLED=0
+  trap 'SIGNALLED=1; kill -TERM $(tree $PARA) $(tree $VANILLA) 2>/dev/null' TERM INT
+  rc=0; wait -n || rc=$?  # the first chain to end (they are this shell's only background jobs)
+  if (( rc )); then  # it failed (or a signal came): stop the other one (its launcher passes TERM on to torchrun)
+    kill -TERM $(tree "$PARA") $(tree "$VANILLA") 2>/dev/null || true
+    wait "$PARA" "$VANILLA" 2>/dev/null || true
+    if (( SIGNALLED )); then echo "quickstart: stopped by a signal; both chains stopped" >&2; exit 143; fi
+    echo "quickstart: a chain failed (exit $rc); the other was stopped" >&2
+    exit "$rc"
+  fi
+  rc=0; wait "$PARA" || rc=$?; vrc=0; wait "$VANILLA" || vrc=$?  # the finished one returns at once
+  trap - TERM INT
+  (( rc == 0 && vrc == 0 )) || exit $(( rc ? rc : vrc ))
 fi
 # The trajectory viewer: every PARA-GRPO eval episode (K = 4 and 64) on one static page.
 python -m paravt.viz "$OUT"/eval/paragrpo-tool-K*/image_url/synthetic.jsonl -o "$OUT/viewer_eval.html" \

@@ -9,6 +9,14 @@ source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" sft  # sets PARAVT_ROOT, the 
 cd "$PARAVT_ROOT"
 script_help "${BASH_SOURCE[0]}" paravt.sft.train "$@"
 RECIPE="${1:-configs/sft/tiny.yaml}"; shift || true
+if [[ -z "${NPROC:-}" ]]; then
+  NPROC=$(python -c 'import torch; print(torch.cuda.device_count() or 1)')
+fi
+if [[ "$NPROC" == 1 && "${NNODES:-1}" == 1 ]]; then
+  # One process, no torchrun: the trainer checks the config and the files it names itself (one line naming
+  # run_sft.sh, exit 2) before it loads anything.
+  PARAVT_PROG=run_sft.sh exec python -m paravt.sft.train "$RECIPE" "$@"
+fi
 # Preflight, once, before torchrun: the config and the files it names (model, shards, resume, output
 # dir); a problem is one line and exit 2, never a torchrun failure report per rank.
 python - "$RECIPE" "$@" <<'PY' || exit $?
@@ -23,12 +31,6 @@ except ValueError as exc:
     print(f"run_sft.sh: {' '.join(str(exc).split())}", file=sys.stderr)
     sys.exit(2)
 PY
-if [[ -z "${NPROC:-}" ]]; then
-  NPROC=$(python -c 'import torch; print(torch.cuda.device_count() or 1)')
-fi
-if [[ "$NPROC" == 1 && "${NNODES:-1}" == 1 ]]; then
-  exec python -m paravt.sft.train "$RECIPE" "$@"
-fi
 if [[ "${NNODES:-1}" == 1 ]]; then
   torchrun_supervised --standalone --nproc_per_node="$NPROC" -m paravt.sft.train "$RECIPE" "$@"
 fi

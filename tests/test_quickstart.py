@@ -48,8 +48,8 @@ def test_short_quickstart(tmp_path):
         assert (out / phase / "final/config.json").exists()
     stages = (out / "stage_seconds.tsv").read_text()
     assert all(f"{s}\t" in stages for s in ("sft_reading", "sft_reading_long", "sft_reading_episode"))
-    if len(os.sched_getaffinity(0)) >= 2:  # QUICKSTART_JOBS' default there: the RL arms and the two K's eval cells side by side
-        assert "rl\t" in stages and "side by side" in r.stdout
+    if len(os.sched_getaffinity(0)) >= 2:  # QUICKSTART_JOBS' default there: two chains (an RL arm, then eval cells) side by side
+        assert "rl_eval\t" in stages and "side by side" in r.stdout
         assert "finished beside it" in r.stdout and (out / "rl_vanilla.log").stat().st_size > 0
         assert (out / "eval_b.log").stat().st_size > 0 and (out / "eval.log").stat().st_size > 0
     # rerunning reuses every finished stage

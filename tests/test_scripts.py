@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -191,11 +192,13 @@ def test_fragility_tiny_names_a_bad_knob_and_refuses_a_folder_made_with_other_se
 
 
 @pytest.mark.launcher
-def test_quickstart_side_by_side_rl_arms_fail_loudly(world, tiny_dir, tmp_path):
-    """QUICKSTART_JOBS=2 runs the RL arms side by side: an arm that fails there stops the quickstart with its
-    exit code and vanilla GRPO's log shown, before any eval."""
+def test_quickstart_side_by_side_chains_fail_loudly(world, tiny_dir, tmp_path):
+    """QUICKSTART_JOBS=2 runs two chains side by side (an RL arm, then eval cells): a chain that fails stops
+    the quickstart with its exit code before any eval, and stops the other chain at once, nothing of it left
+    running."""
     import json
     import shutil
+    import time
 
     out = tmp_path / "qs"
     out.mkdir()
@@ -213,9 +216,53 @@ def test_quickstart_side_by_side_rl_arms_fail_loudly(world, tiny_dir, tmp_path):
     env = {**os.environ, "QUICKSTART_JOBS": "2", "RL_STEPS": "0", "SFT_READING": "0", "SFT_PHASES": ""}
     r = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
-    assert "side by side" in r.stdout and "7/8" not in r.stdout
-    assert "RL vanilla GRPO failed (exit 2)" in r.stderr and "max_steps" in r.stderr
-    assert "max_steps" in (out / "rl_vanilla.log").read_text()
+    assert "side by side" in r.stdout and "failed (exit 2)" in r.stderr and "max_steps" in r.stderr
+    assert not (out / "eval").exists()
+
+    # PARA-GRPO's output_dir is a file: its arm stops at once while vanilla GRPO has 500 steps to go
+    (out / "rl_paragrpo").write_text("not a directory")
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=600,
+                       env={**env, "RL_STEPS": "500"})
+    took = time.monotonic() - t0
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "RL PARA-GRPO failed (exit 2)" in r.stderr and "the other was stopped" in r.stderr, r.stderr[-2000:]
+    assert not (out / "rl_vanilla/final").exists() and not (out / "eval").exists()
+
+    def arm_processes(arms=("rl_vanilla", "rl_paragrpo")):
+        found = []
+        for p in Path("/proc").glob("[0-9]*"):
+            try:
+                cmd = (p / "cmdline").read_bytes()
+            except OSError:  # ended meanwhile
+                continue
+            if any(f"{out}/{arm}".encode() in cmd for arm in arms):
+                found.append(cmd[:200])
+        return found
+
+    def all_end():  # the launchers, torchrun and trainers of both arms
+        left = arm_processes()
+        for _ in range(30):
+            if not left:
+                break
+            time.sleep(0.5)
+            left = arm_processes()
+        return left
+
+    assert not all_end(), took
+    # a signal while both arms train (a container stopped, Ctrl-C) stops both trees too
+    (out / "rl_paragrpo").unlink()
+    p = subprocess.Popen(["bash", "scripts/quickstart.sh", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**env, "RL_STEPS": "500"})
+    deadline = time.monotonic() + 300
+    while not all((out / f"rl_{arm}/.paravt.lock").exists() for arm in ("vanilla", "paragrpo")):  # both trainers up
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.5)
+    assert len(arm_processes()) >= 6  # per arm: run_rl.sh, torchrun, the trainer
+    p.terminate()
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 143 and "stopped by a signal; both chains stopped" in err, err[-2000:]
+    assert not all_end()
     # a bad knob is one line
     r = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=600,
                        env={**env, "QUICKSTART_JOBS": "3"})

@@ -149,16 +149,36 @@ class _ReaderCache:
                 self.opened += 1
             if take:
                 self._users[id(r)] = self._users.get(id(r), 0) + 1
-            while len(self._items) > self.max_open:
-                _, old = self._items.popitem(last=False)
-                if self._users.get(id(old)):
-                    self._evicted.add(id(old))  # in use: its last user closes it
-                else:
-                    to_close.append(old)
-        for old in to_close:  # outside the guard
+            to_close += self._evict()
+        self._close(to_close)
+        return r
+
+    def _evict(self) -> list[VideoReader]:
+        """Drop the least recently used readers beyond ``max_open`` (caller holds the guard); returns
+        those to close: a reader in use is closed by its last user instead."""
+        out = []
+        while len(self._items) > self.max_open:
+            _, old = self._items.popitem(last=False)
+            if self._users.get(id(old)):
+                self._evicted.add(id(old))
+            else:
+                out.append(old)
+        return out
+
+    @staticmethod
+    def _close(readers: list[VideoReader]) -> None:
+        for old in readers:  # outside the guard
             with old.lock:
                 old.close()
-        return r
+
+    def keep_open(self, max_open: int) -> None:
+        """Keep up to ``max_open`` readers open from now on (the least recently used beyond it closed now)."""
+        if max_open < 1:
+            raise ValueError(f"max_open must be >= 1, got {max_open}")
+        with self._guard:
+            self.max_open = max_open
+            to_close = self._evict()
+        self._close(to_close)
 
     def get(self, path: str) -> VideoReader:
         """The reader of ``path`` for its metadata (``.info``, ``.timeline``); decode through :meth:`use`."""
@@ -216,6 +236,11 @@ def _after_fork_in_child() -> None:
 
 _INHERITED: list = []
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def keep_open_videos(n: int) -> None:
+    """Keep up to ``n`` videos open, with their decoded frames (:data:`READERS`; default 16)."""
+    READERS.keep_open(n)
 
 
 def open_reader(path: str) -> VideoReader:

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 
+import torch
 import torch.distributed as dist
 
 
@@ -93,8 +94,10 @@ def end_stopped_run(exc: Exception, prog: str, is_main: bool):
 
 
 def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: str) -> int:
-    """The CLI of a training stage: parse the typed config, train, report, tear the group down."""
-    from paravt.core.config import parse_cli  # noqa: PLC0415
+    """The CLI of a training stage: parse the typed config, train, report, tear the group down.
+    ``prog`` names the command in messages; a launcher that starts the trainer itself sets
+    ``PARAVT_PROG`` (e.g. ``run_sft.sh``) so its users read the name they typed."""
+    from paravt.core.config import parse_cli, require_cuda_if_needed  # noqa: PLC0415
 
     from paravt.core.procs import OutputLock, OutputLockBusy  # noqa: PLC0415
     from paravt.data.schema import DataError  # noqa: PLC0415
@@ -102,7 +105,13 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if stopped_on_purpose():  # a restart of a run that stopped itself: nothing to do, the launcher reports it
         return 0
+    prog = os.environ.get("PARAVT_PROG") or prog
+    # deepspeed (ZeRO, and transformers' integration) guesses its accelerator, with a warning, when unset
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_cli(schema, argv, prog)
+    recipe = argv[0] if argv and argv[0].endswith((".yaml", ".yml")) else "this config"
+    require_cuda_if_needed(cfg, prog, recipe, label.lower())
     lock = None
     try:
         if hasattr(cfg, "check_inputs"):

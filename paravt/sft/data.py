@@ -48,10 +48,17 @@ class VideoSamplingConfig:
     max_pixels: int = 50176  # per-frame upper pixel bound (smart resize)
     factor: int = 32  # frame sides rounded to multiples of this (patch x merge)
     decoder: str = "pyav"  # pyav (keyframe seeks, frame-exact) | decord (the design's); same frames either way
+    # Videos kept open, each with the frames already decoded and resized from it (least recently used closed
+    # first). A data set with more videos than this reopens, re-probes and re-decodes a video for nearly every
+    # row; one with fewer decodes each frame once per run. Memory: up to FRAME_CACHE_ITEMS resized frames per
+    # open video (paravt.core.video), e.g. ~1 MB per video in the tiny world, up to ~45 MB at 50,176 px.
+    open_videos: int = 16
 
     def __post_init__(self):
         if self.decoder not in ("pyav", "decord"):
             raise ValueError(f"video.decoder must be 'pyav' or 'decord', got {self.decoder!r}")
+        if self.open_videos < 1:
+            raise ValueError(f"video.open_videos must be >= 1, got {self.open_videos}")
 
 
 @dataclass

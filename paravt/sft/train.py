@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from paravt.core.seeding import seed_everything, stable_hash
+from paravt.core.video import keep_open_videos
 from paravt.models import parallel
 from paravt.models.stage_main import run_trainer
 from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
@@ -150,6 +151,7 @@ class SFTTrainer:
         self.data_report = {"rows": report.to_dict(), "missing_shards": missing}
         if not rows:
             raise RuntimeError(f"no SFT rows: {report.summary()}; missing shards: {missing}")
+        keep_open_videos(cfg.video.open_videos)  # a data set that fits decodes each frame once per run
         self.builder = ExampleBuilder(self.processor, cfg.video, cfg.max_length)
         self.stream = PackedStream(rows, self.builder, cfg.seed, cfg.max_length, cfg.packing, cfg.per_device_batch_size,
                                    self.d.rank, self.d.world_size)

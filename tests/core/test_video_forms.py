@@ -211,3 +211,38 @@ def test_reader_cache_survives_forks_while_threads_decode(files, monkeypatch):
     assert codes == [0, 0, 0, 0], codes
     assert not errors, errors[:3]
     assert V.READERS.opened > 2 and not V.READERS._users
+
+
+def test_keep_open_lets_a_data_set_that_fits_decode_each_frame_once(files, monkeypatch):
+    """With as many videos kept open as a data set has, a second pass over it opens no video and decodes
+    no frame (the frames come from each reader's cache); with fewer, it reopens and decodes again.
+    Shrinking closes the least recently used readers, never one a thread is using."""
+    monkeypatch.setattr(V, "READERS", V._ReaderCache(max_open=1))
+    paths = [p for p, _ in files.values()]
+
+    def one_pass():
+        return [[f.image.tobytes() for f in V.sample_fps(p, fps=1.0, max_frames=3)] for p in paths]
+
+    def decoded():
+        return sum(r.stats["decoded"] for r in V.READERS._items.values())
+
+    first = one_pass()
+    opened = V.READERS.opened
+    assert one_pass() == first and V.READERS.opened == opened + len(paths)  # too few kept open: all reopened
+
+    V.keep_open_videos(len(paths))
+    assert V.READERS.max_open == len(paths)
+    one_pass()
+    opened, before = V.READERS.opened, decoded()
+    assert one_pass() == first
+    assert V.READERS.opened == opened and decoded() == before  # nothing reopened, nothing decoded
+
+    with V.READERS.use(paths[0]) as busy:  # held by this thread, then made the least recently used
+        for p in paths[1:]:
+            V.READERS.get(p)
+        V.keep_open_videos(1)
+        assert len(V.READERS._items) == 1 and busy not in V.READERS._items.values()
+        assert busy._decoders and busy.frames([0]).shape[0] == 1  # dropped from the cache, still open
+    assert not busy._decoders  # its last user closed it
+    with pytest.raises(ValueError, match="max_open"):
+        V.keep_open_videos(0)

@@ -125,6 +125,7 @@ CONFIG_CASES = [
     (RL, ["max_step=3"], "did you mean 'max_steps'"),
     (SFT, ["optim.lrr=1e-3"], "did you mean 'optim.lr'"),
     (SFT, ["max_steps=abc"], "max_steps"),
+    (SFT, ["video.open_videos=0"], "video.open_videos must be >= 1"),
 ]
 
 

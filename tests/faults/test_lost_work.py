@@ -232,15 +232,18 @@ def test_eval_missing_model_is_one_line(tmp_path):
     ("output_file", "exists and is a file"),
     ("shard", "required shard(s) match no file"),
 ])
-def test_sft_bad_paths_are_one_line_before_torchrun(case, fragment, world, tiny_dir, tmp_path):
+@pytest.mark.parametrize("nproc", ["1", "2"])  # 1: the trainer alone checks (no torchrun); 2: the preflight
+def test_sft_bad_paths_are_one_line_before_torchrun(case, fragment, nproc, world, tiny_dir, tmp_path):
     (tmp_path / "afile").write_text("x")
     over = {"model": [f"model_path={tmp_path / 'nope'}"], "resume": [f"resume={tmp_path / 'ckpt'}"],
             "output_file": [f"output_dir={tmp_path / 'afile'}"],
             "shard": [f"data.0.path={tmp_path / 'missing.parquet'}"]}[case]
     args = ["bash", "scripts/run_sft.sh", "configs/sft/tiny.yaml", f"model_path={tiny_dir}", f"output_dir={tmp_path / 'o'}",
             f"data.0.path={world}/local/paravt_sft_synth.parquet", "max_steps=1", "logging.wandb_project=null"] + over
-    r = subprocess.run(args, cwd=ROOT, env={**os.environ, "NPROC": "2"}, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and fragment in _one_line(r.stderr) and "torchrun" not in r.stderr, r.stderr[-2000:]
+    r = subprocess.run(args, cwd=ROOT, env={**os.environ, "NPROC": nproc}, capture_output=True, text=True, timeout=300)
+    line = _one_line(r.stderr)
+    assert r.returncode == 2 and fragment in line and line.startswith("run_sft.sh: "), r.stderr[-2000:]
+    assert "torchrun" not in r.stderr and not (tmp_path / "o" / "final").exists()
 
 
 @pytest.mark.launcher
