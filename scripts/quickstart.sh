@@ -13,8 +13,9 @@
 #   says what each does): WORLD_PRESET (needle), HEAD (trained | frozen | tied), SFT_READING (1),
 #   READING_FORMAT (user), SFT_PHASES ("reading_long:600 reading_episode:600"), WARMUP_STEPS (0), COPY_AUX (0),
 #   TINY_ARGS and WORLD_FLAGS (extra flags of python -m paravt.models.tiny / python -m paravt.data.synthetic)
-#   QUICKSTART_JOBS (2 where the machine has 2 cores, else 1): 2 runs the stages that do not depend on each other
-#     side by side, one OpenMP thread each: the two RL arms, and the eight eval cells in two chains
+#   QUICKSTART_JOBS (2 where the machine has 2 cores, else 1): 2 runs RL and eval in two chains side by side, one
+#     OpenMP thread each: PARA-GRPO's RL then its eval cells, vanilla GRPO's then its cells (each chain also two
+#     SFT cells); a chain that fails, or a signal, stops both. 1: every stage alone, in order
 #   SFT_ATTN: the SFT stages' attention (default: the recipe's sdpa_varlen, attention on each packed sequence alone;
 #     sdpa: transformers' sdpa over the whole pack, the same logits ~1.5x slower, the setting of the tiny numbers
 #     in docs/RESULTS.md up to 2026-11-28 unless their entry names sdpa_varlen)
