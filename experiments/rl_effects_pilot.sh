@@ -14,6 +14,8 @@
 #   without an overview, always "not visible ... I will check") unsupervised (seed 0: gap +59.4 -> +13.8 points).
 #   RL_ARGS="key=value ...": extra overrides for both RL arms, e.g. RL_ARGS="paravt.reward.tool_weight=0" (calls paid
 #   only through accuracy; docs/GUIDE.md "The RL-made effects").
+#   ARMS ("vanilla paragrpo"): the RL arms to train and evaluate, e.g. ARMS=paragrpo for a learning-rate pilot of
+#   the gated arm alone (the SFT cells are always evaluated).
 #   PILOT_STOP_AFTER=coldstart: stop after the cold start (other runs can then share it: tool_weight_ablation.sh).
 #   SHARE_FROM=DIR: take the tiny model, the world and the perception base from another seed's OUT_DIR
 #   (one base model for every seed, as the paper has one Qwen3-VL-8B; seeds then differ in SFT, RL and eval).
@@ -26,6 +28,8 @@ cd "$ROOT"
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0" | sed '1s/^/usage: /'; exit 0; fi
 OUT="${1:-runs/rl_effects_pilot}"
 SEED="${SEED:-0}"; RATE="${TOOL_RATE:-0.5}"; RL_VIDEOS="${RL_VIDEOS:-40}"; RL_STEPS="${RL_STEPS:-60}"
+read -ra ARMS <<< "${ARMS:-vanilla paragrpo}"
+for A in "${ARMS[@]}"; do [[ $A == vanilla || $A == paragrpo ]] || { echo "ARMS: '$A' is not vanilla or paragrpo" >&2; exit 2; }; done
 LR="${LR:-1e-4}"; N="${N_SAMPLES:-8}"; P="${PROMPTS:-2}"; EVAL_Q="${EVAL_Q:-40}"; DRAWS="${DRAWS:-4}"
 
 if [[ -n "${SHARE_FROM:-}" ]]; then
@@ -46,7 +50,7 @@ read -ra RL_EXTRA <<< "${RL_ARGS:-}"
 CROP=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config']['crop_max_frames'])" "$OUT/world/world.json")
 
 # 2. Both RL arms from the same checkpoint, as users launch them (a checkpoint every 20 steps: a rerun resumes).
-for RUN in vanilla paragrpo; do
+for RUN in "${ARMS[@]}"; do
   RECIPE=configs/rl/tiny.yaml; [[ $RUN == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
   [[ -e "$OUT/rl_$RUN/final/config.json" ]] && continue
   NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
@@ -63,19 +67,21 @@ BASE=("split_paths={synthetic: $OUT/world/local}" "out=$OUT/eval" "limit=$EVAL_Q
       "max_turns=2" "crop.mode=subagent" "crop.subagent_temperature=0.0" "crop.subagent_max_tokens=64" "crop.max_frames=$CROP")
 for K in 4 64; do
   python -m paravt.eval.driver row="sft-K$K" model="$OUT/sft/final" nframes=$K "${BASE[@]}" > "$OUT/eval_sft_K$K.log" 2>&1
-  python -m paravt.eval.driver row="vanilla-K$K" model="$OUT/rl_vanilla/final" nframes=$K think_prefix=false "${BASE[@]}" \
-    > "$OUT/eval_vanilla_K$K.log" 2>&1
-  python -m paravt.eval.driver row="paragrpo-K$K" model="$OUT/rl_paragrpo/final" nframes=$K "${BASE[@]}" \
-    > "$OUT/eval_paragrpo_K$K.log" 2>&1
+  for A in "${ARMS[@]}"; do
+    PREFIX=(); [[ $A == vanilla ]] && PREFIX=(think_prefix=false)
+    python -m paravt.eval.driver row="$A-K$K" model="$OUT/rl_$A/final" nframes=$K "${PREFIX[@]}" "${BASE[@]}" \
+      > "$OUT/eval_${A}_K$K.log" 2>&1
+  done
 done
 
-python - "$OUT" <<'PY'
+python - "$OUT" "${ARMS[@]}" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 stats = json.loads((out / "world/world_stats.json").read_text())
 res = {"sft_main_calling": stats.get("sft_main_calling"), "sft_main_rows": stats.get("sft_main_rows"), "cells": {}}
-for m in ("sft", "vanilla", "paragrpo"):
+arms = sys.argv[2:]
+for m in ("sft", *arms):
     for k in (4, 64):
         s = json.loads((out / f"eval/{m}-K{k}/image_url/synthetic.json").read_text())
         res["cells"][f"{m}-K{k}"] = {"score": s["score"], "p_call": s["tool_usage_rate"], "calling": s["calling"],
@@ -85,7 +91,7 @@ for m in ("sft", "vanilla", "paragrpo"):
         f = lambda v: "  -  " if v is None else f"{100 * v:5.1f}"
         print(f"{m:9s} K={k:<3d} score {f(c['score'])}  P(call) {f(c['p_call'])}  calling {f(c['calling']['score'])} "
               f"(n={c['calling']['n']})  skipping {f(c['skipping']['score'])} (n={c['skipping']['n']})")
-for m in ("vanilla", "paragrpo"):
+for m in arms:
     for k in (4, 64):
         log = [json.loads(x) for x in (out / f"rl_{m}/metrics.jsonl").read_text().splitlines() if x.strip()]
         key = f"tools_by_K/call_frequency_K{k}"
