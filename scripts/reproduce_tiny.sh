@@ -14,6 +14,8 @@
 #     K-independent tool habit, RL on videos it never saw, sampled eval at K = 4 and 64), the first seed's base
 #     model and world shared by the others, then OUT/effects.md (python -m paravt.eval.effects: E1, E2 with
 #     intervals, judged against the criteria in its docstring). Its own knobs (TOOL_RATE, RL_STEPS, LR, ...) apply.
+#     WORLD_FLAGS defaults to the cold start of the README's effects table, "--habit-sentence
+#     --no-reading-episode-calls" (set WORLD_FLAGS="" for the first design, whose SFT policy's calls depend on K).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 for a in "$@"; do
@@ -24,6 +26,7 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 SEEDS=(${SEEDS:-0 1 2})
 if [[ "${EFFECTS:-0}" == 1 ]]; then
+  export WORLD_FLAGS="${WORLD_FLAGS---habit-sentence --no-reading-episode-calls}"
   RUNS=()
   for S in "${SEEDS[@]}"; do
     echo "=== RL effects, seed $S -> $OUT/seed_$S ==="
