@@ -13,7 +13,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 def github_slug(heading: str) -> str:
     """The anchor GitHub gives a heading: lower case, punctuation dropped, each space a hyphen."""
-    text = re.sub(r"[`*_]", lambda m: "_" if m.group() == "_" else "", heading.strip().lower())
+    text = re.sub(r"[`*]", "", heading.strip().lower())
     text = "".join(ch for ch in text if ch.isalnum() or ch in " -_")
     return text.replace(" ", "-")
 

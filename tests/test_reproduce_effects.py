@@ -26,16 +26,16 @@ def test_effects_design_as_the_readme_runs_it(tmp_path):
     world = json.loads((out / "seed_0/world/world.json").read_text())["config"]
     assert world["sft_tool_rate"] == 0.5 and world["habit_sentence"] is True
     assert world["reading_episode_calls"] is False and world["n_rl_videos"] == 4
-    for seed in ("seed_0",):
-        for arm in ("vanilla", "paragrpo"):
-            metrics = (out / seed / f"rl_{arm}/metrics.jsonl").read_text().splitlines()
-            assert len(metrics) == 2, (seed, arm, len(metrics))
-            state = json.loads((out / seed / f"rl_{arm}/checkpoints/step_000002/trainer_state.json").read_text())
-            assert state["config"]["optim"]["lr"] == 2e-4 and state["config"]["seed"] == int(seed[-1])
-        summary = json.loads((out / seed / "pilot_summary.json").read_text())
-        for cell in ("sft-K4", "sft-K64", "vanilla-K4", "vanilla-K64", "paragrpo-K4", "paragrpo-K64"):
-            c = summary["cells"][cell]
-            assert c["episodes"] == 4 and c["lost"] == 0, (seed, cell, c)  # 2 questions x 2 draws, none lost
+    run = out / "seed_0"
+    for arm in ("vanilla", "paragrpo"):
+        metrics = (run / f"rl_{arm}/metrics.jsonl").read_text().splitlines()
+        assert len(metrics) == 2, (arm, len(metrics))
+        state = json.loads((run / f"rl_{arm}/checkpoints/step_000002/trainer_state.json").read_text())
+        assert state["config"]["optim"]["lr"] == 2e-4 and state["config"]["seed"] == 0
+    summary = json.loads((run / "pilot_summary.json").read_text())
+    for cell in ("sft-K4", "sft-K64", "vanilla-K4", "vanilla-K64", "paragrpo-K4", "paragrpo-K64"):
+        c = summary["cells"][cell]
+        assert c["episodes"] == 4 and c["lost"] == 0, (cell, c)  # 2 questions x 2 draws, none lost
     md = (out / "effects.md").read_text()
     assert "Sampled eval, 1 seed(s)" in md and "this is not an acceptance run" in md
     assert "- E1 (PARA − vanilla and PARA − SFT ≥ +5 at K = 4" in md and "- E2 (PARA's gap ≥ +25" in md
