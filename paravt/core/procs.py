@@ -115,10 +115,11 @@ def start_server(argv: list[str], env: dict[str, str], log_fh, grace_s: float = 
 
 def stop_server(proc, reaper, grace_s: float = 60.0) -> None:
     """SIGTERM to the server (its orderly shutdown stops its children), SIGKILL to its whole group after
-    ``grace_s`` if anything is left; then release the reaper."""
+    ``grace_s`` if anything is left, or soon after the server itself is gone (a killed API server's
+    engine processes stay in its group with nobody to stop them); then release the reaper."""
     import time  # noqa: PLC0415
 
-    from paravt.core.reaper import group_alive  # noqa: PLC0415
+    from paravt.core.reaper import wait_group  # noqa: PLC0415
 
     if proc is not None:
         own_group = True
@@ -126,16 +127,18 @@ def stop_server(proc, reaper, grace_s: float = 60.0) -> None:
             own_group = os.getpgid(proc.pid) == proc.pid
         except ProcessLookupError:
             pass
-        signal_server = (lambda sig: os.killpg(proc.pid, sig)) if own_group else \
-            (lambda sig: proc.send_signal(sig))
-        deadline = time.monotonic() + grace_s
         try:
             proc.send_signal(signal.SIGTERM)
-            # reap our child as it exits (a zombie still counts as a member of its group)
-            while time.monotonic() < deadline and (proc.poll() is None or (own_group and group_alive(proc.pid))):
-                time.sleep(0.2)
-            if proc.poll() is None or (own_group and group_alive(proc.pid)):
-                signal_server(signal.SIGKILL)
+            if own_group:
+                # proc.poll() reaps our child as it exits (a zombie still counts as a member of its group)
+                if not wait_group(proc.pid, grace_s, lambda: proc.poll() is not None):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                deadline = time.monotonic() + grace_s
+                while time.monotonic() < deadline and proc.poll() is None:
+                    time.sleep(0.2)
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
         except ProcessLookupError:
             pass
         try:

@@ -29,18 +29,49 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+ORPHAN_GRACE_S = 5.0  # members a dead leader left behind: SIGTERM, then SIGKILL this much later
+
+
+def leader_alive(pgid: int) -> bool:
+    """The group's leader runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pgid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_group(pgid: int, grace_s: float, leader_exited) -> bool:
+    """Wait up to ``grace_s`` for the group to end; True when it did. Once ``leader_exited()`` the
+    leader's orderly shutdown is over, and whatever it left in the group (a vLLM engine core and its
+    worker when only the API server was killed) has nobody to stop it: those get SIGTERM and
+    ``ORPHAN_GRACE_S`` more, not the rest of ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    orphans_told = False
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return True
+        if not orphans_told and leader_exited():
+            orphans_told = True
+            deadline = min(deadline, time.monotonic() + ORPHAN_GRACE_S)
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                return True
+        time.sleep(0.2)
+    return not group_alive(pgid)
+
+
 def end_group(pgid: int, grace_s: float) -> bool:
     """SIGTERM to the group's leader (the server, which shuts its own children down in order), then
-    SIGKILL to every process still in the group after ``grace_s``; True when it had to kill."""
+    SIGKILL to every process still in the group after ``grace_s`` (or soon after the leader is gone,
+    :func:`wait_group`); True when it had to kill."""
     try:
         os.kill(pgid, signal.SIGTERM)
     except ProcessLookupError:
         pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not group_alive(pgid):
-            return False
-        time.sleep(0.2)
+    if wait_group(pgid, grace_s, lambda: not leader_alive(pgid)):
+        return False
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:

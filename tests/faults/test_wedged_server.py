@@ -142,3 +142,68 @@ def test_a_port_still_held_is_waited_for_then_named(tmp_path):
     finally:
         srv.stop_grace_s = 2.0
         srv.stop()
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    """True (and the process killed) when ``pid`` still runs ``seconds`` from now (a SIGKILL lands
+    asynchronously)."""
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        return True
+    return False
+
+
+def _start_wedged(tmp_path: Path):
+    from paravt.engines.sglang import SGLangServer, SGLangServerConfig
+    from paravt.models.parallel import free_port
+
+    (tmp_path / "wedged.py").write_text(WEDGED)
+    child_file = tmp_path / "child.pid"
+
+    class Wedged(SGLangServer):
+        def command(self):
+            return [sys.executable, str(tmp_path / "wedged.py"), str(self.cfg.port), str(child_file)], {}
+
+    srv = Wedged(SGLangServerConfig(model_path="unused", port=free_port(), gpus=[], startup_timeout_s=60,
+                                    log_file=str(tmp_path / "server.log"))).start()
+    return srv, int(child_file.read_text())
+
+
+def test_a_server_killed_alone_leaves_no_process_waited_on_for_the_whole_grace(tmp_path):
+    """Only the server's own process dies (an OOM kill of a vLLM API server); its child (the engine) stays
+    in the server's group with nobody to stop it in order. stop() ends it soon after, not after the
+    60 s meant for an orderly shutdown: a run whose server died exits without that wait."""
+    from paravt.core.reaper import ORPHAN_GRACE_S
+
+    srv, child = _start_wedged(tmp_path)
+    assert srv.stop_grace_s == 60.0
+    os.kill(srv.proc.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    srv.stop()
+    took = time.monotonic() - t0
+    alive = _gone_within(child, 5.0)
+    assert not alive, "stop() left the dead server's child running"
+    assert took < ORPHAN_GRACE_S + 15, f"stop() waited {took:.1f} s on a server that was already dead"
+
+
+def test_the_reaper_ends_what_a_dead_server_left_without_the_whole_grace(tmp_path):
+    """The same through the reaper (the launcher gone too): end_group's grace is for the server's own
+    shutdown, not for its orphans."""
+    import threading
+
+    from paravt.core.reaper import ORPHAN_GRACE_S, end_group
+
+    srv, child = _start_wedged(tmp_path)
+    pgid = srv.proc.pid
+    os.kill(pgid, signal.SIGKILL)
+    threading.Thread(target=srv.proc.wait, daemon=True).start()  # its parent reaps it, as a live launcher would
+    t0 = time.monotonic()
+    killed = end_group(pgid, grace_s=60.0)
+    took = time.monotonic() - t0
+    alive = _gone_within(child, 5.0)
+    srv._reaper.stdin.close()
+    assert not alive and killed, "the reaper left the dead server's child running"
+    assert took < ORPHAN_GRACE_S + 15, f"end_group waited {took:.1f} s on a server that was already dead"
