@@ -89,19 +89,8 @@ def test_a_wedged_server_and_its_child_die_with_their_launcher(tmp_path):
 
 def test_stopping_a_wedged_server_escalates_to_sigkill(tmp_path):
     """The launcher's own stop (end of a run) does not wait forever on a server that ignores SIGTERM."""
-    from paravt.engines.sglang import SGLangServer, SGLangServerConfig
-    from paravt.models.parallel import free_port
-
-    (tmp_path / "wedged.py").write_text(WEDGED)
-    child_file = tmp_path / "child.pid"
-
-    class Wedged(SGLangServer):
-        def command(self):
-            return [sys.executable, str(tmp_path / "wedged.py"), str(self.cfg.port), str(child_file)], {}
-
-    srv = Wedged(SGLangServerConfig(model_path="unused", port=free_port(), gpus=[], startup_timeout_s=60,
-                                    log_file=str(tmp_path / "server.log"))).start()
-    server, child = srv.proc.pid, int(child_file.read_text())
+    srv, child = _start_wedged(tmp_path)
+    server = srv.proc.pid
     srv.stop_grace_s = 2.0
     srv.stop()  # returns (SIGTERM ignored, SIGKILL after the grace) instead of waiting on the server
     assert not _alive(server) and not _alive(child), "stop() left the server or its child running"
