@@ -14,7 +14,7 @@ the server's ids and processed logprobs out).
 * RL steps at staleness 0 (broadcast and disk): after every push the gap stays below 1e-4 and each
   turn's version is the step's; at staleness 2 rollouts really overlap training (turns generated
   under an older policy than the step that trains on them) and stay within the bound;
-* the recipe configs/rl/tiny_vllm.yaml with its own settings for 10 steps;
+* the recipe configs/rl/tiny_vllm.yaml with its own settings for 5 steps;
 * kill -9 of the server mid-run: one line, exit 3, a resumable checkpoint, the server's engine processes
   ended with it; never a run that trains on nothing and exits 0;
 * two servers: both serve, both hold every pushed version;
@@ -605,7 +605,8 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-@pytest.mark.parametrize("staleness,temperature,sync", [(0, 0.7, "broadcast"), (0, 0.7, "disk"), (2, 1.0, "broadcast")])
+# Staleness 0 with broadcast at T = 0.7 is test_two_servers_serve_and_hold_every_version's (two ranks, two servers).
+@pytest.mark.parametrize("staleness,temperature,sync", [(0, 0.7, "disk"), (2, 1.0, "broadcast")])
 def test_rl_steps_against_a_vllm_server(staleness, temperature, sync, sft_world, sft_checkpoint, tmp_path):
     out = tmp_path / f"rl_s{staleness}_{sync}"
     r = _run_rl(_rl_args(sft_world, sft_checkpoint, out, "max_steps=6", "save_every=6",
@@ -636,16 +637,17 @@ def test_rl_steps_against_a_vllm_server(staleness, temperature, sync, sft_world,
 
 
 @pytest.mark.timeout(2500)
-def test_the_vllm_recipe_runs_ten_steps_with_its_own_settings(sft_world, sft_checkpoint, tmp_path):
+def test_the_vllm_recipe_runs_with_its_own_settings(sft_world, sft_checkpoint, tmp_path):
     """configs/rl/tiny_vllm.yaml as the README runs it: only the data, model, output, port and vLLM's
-    environment are set here; batch, lengths, staleness and K draws are the recipe's."""
+    environment are set here; batch, lengths, staleness and K draws are the recipe's. Five steps: past the
+    recipe's staleness window several times (a server crash under seeded load has a test of its own)."""
     out = tmp_path / "recipe"
     r = _run_rl([str(ROOT / "configs/rl/tiny_vllm.yaml"), f"model_path={sft_checkpoint}", f"output_dir={out}",
-                 f"train_data=[{sft_world}/local/paravt_rl_synth.parquet]", "max_steps=10", "logging.wandb_project=null",
+                 f"train_data=[{sft_world}/local/paravt_rl_synth.parquet]", "max_steps=5", "logging.wandb_project=null",
                  "logging.progress=false", f"rollout.vllm.python={PY}", "rollout.vllm.port=0"], timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = _metrics(out)
-    assert [m["step"] for m in rec] == list(range(1, 11))
+    assert [m["step"] for m in rec] == list(range(1, 6))
     assert sum(m["rollout/skipped_prompts"] for m in rec) == 0
     assert all(m["rollout/samples"] > 0 for m in rec)
     # the server never failed while serving (vLLM's own shutdown at the end force-kills its engine and logs that)
@@ -700,10 +702,11 @@ def test_killing_the_server_stops_the_run_with_a_checkpoint(sft_world, sft_check
 def test_two_servers_serve_and_hold_every_version(sft_world, sft_checkpoint, tmp_path):
     """A cluster's shape at CPU size: two FSDP2 trainer ranks under torchrun (``run_rl.sh``, NPROC=2),
     two rollout servers; the weight group (trainer rank 0 + both servers) forms under torchrun, every
-    push reaches both, and after each push the servers' logprobs are the trainer's (within 1e-4)."""
+    push reaches both, and after each push the servers' logprobs at T = 0.7 are the trainer's (within 1e-4)."""
     out = tmp_path / "rl_two"
     r = _run_rl(_rl_args(sft_world, sft_checkpoint, out, "max_steps=3", "save_every=3", "grpo.max_staleness=0",
-                         "rollout.replicas=2", "trainer.strategy=fsdp2", "rollout.weight_sync=broadcast"), nproc=2)
+                         "grpo.temperature=0.7", "rollout.replicas=2", "trainer.strategy=fsdp2",
+                         "rollout.weight_sync=broadcast"), nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = _metrics(out)
     assert [m["step"] for m in rec] == [1, 2, 3]
