@@ -21,7 +21,7 @@ from paravt.data.synthetic import WorldConfig, build_world
 from paravt.models import parallel
 from paravt.models.tiny import build_tiny
 from paravt.sft.config import SFTConfig
-from paravt.sft.train import SFTTrainer
+from paravt.sft.trainer import SFTTrainer
 
 
 def main(argv=None) -> int:

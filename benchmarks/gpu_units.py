@@ -189,7 +189,7 @@ def _sft_steps(model, dev, d, make_batch, steps: int) -> float:
     import torch
 
     from paravt.models import parallel
-    from paravt.sft.train import param_groups, token_ce_sum
+    from paravt.sft.trainer import param_groups, token_ce_sum
 
     model = parallel.wrap_fsdp2(model, d, torch.bfloat16)
     opt = torch.optim.AdamW(param_groups(model, 0.01, 1.0, 1e-5), lr=1e-5, **parallel.adamw_kwargs(dev))

@@ -206,6 +206,16 @@ def parse_cli(schema: type[T], argv: list[str] | None, prog: str) -> T:
         raise SystemExit(2) from None
 
 
+# The dtype names a config accepts (paravt.models.loading.DTYPES maps each to its torch dtype): checked here,
+# without importing torch, so a config's errors and --help come before any heavy import.
+DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+def check_dtype(name: str) -> None:
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r} (expected one of {sorted(DTYPE_NAMES)})")
+
+
 def require(cfg: Any, **messages: str) -> None:
     """Raise ``ValueError(message)`` for the first field of ``cfg`` left unset ("", "???", None, [])."""
     for name, message in messages.items():

@@ -16,7 +16,7 @@ packed_attention.register()  # attn_implementation="sdpa_varlen" in every proces
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+          "float16": torch.float16, "fp16": torch.float16}  # the names of paravt.core.config.DTYPE_NAMES
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:

@@ -10,12 +10,10 @@ the typed config, train, report, and end the way the launchers rely on.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
-
-import torch
-import torch.distributed as dist
 
 
 class RunAborted(RuntimeError):
@@ -74,6 +72,8 @@ def end_stopped_run(exc: Exception, prog: str, is_main: bool):
     checkpoint resumes it. A rank that left a collective the others still wait in
     (``collectives_broken``) exits at once, without tearing the group down (that would wait for
     them): torchrun ends the other ranks when it sees this one's exit."""
+    import torch.distributed as dist  # noqa: PLC0415
+
     from paravt.data.schema import DataError  # noqa: PLC0415
 
     code = exc.exit_code if isinstance(exc, RunAborted) else 2
@@ -93,10 +93,12 @@ def end_stopped_run(exc: Exception, prog: str, is_main: bool):
     raise SystemExit(code) from None
 
 
-def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: str) -> int:
+def run_trainer(trainer_path: str, schema, argv: list[str] | None, prog: str, label: str) -> int:
     """The CLI of a training stage: parse the typed config, train, report, tear the group down.
-    ``prog`` names the command in messages; a launcher that starts the trainer itself sets
-    ``PARAVT_PROG`` (e.g. ``run_sft.sh``) so its users read the name they typed."""
+    ``trainer_path`` ("module:Class") is imported only after the config parsed: ``--help`` and bad input
+    never wait for torch and the model code. ``prog`` names the command in messages; a launcher that
+    starts the trainer itself sets ``PARAVT_PROG`` (e.g. ``run_sft.sh``) so its users read the name
+    they typed."""
     from paravt.core.config import parse_cli, require_cuda_if_needed  # noqa: PLC0415
 
     from paravt.core.procs import OutputLock, OutputLockBusy  # noqa: PLC0415
@@ -106,10 +108,13 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
     if stopped_on_purpose():  # a restart of a run that stopped itself: nothing to do, the launcher reports it
         return 0
     prog = os.environ.get("PARAVT_PROG") or prog
-    # deepspeed (ZeRO, and transformers' integration) guesses its accelerator, with a warning, when unset
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_cli(schema, argv, prog)
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    # deepspeed (ZeRO, and transformers' integration) guesses its accelerator, with a warning, when unset
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     recipe = argv[0] if argv and argv[0].endswith((".yaml", ".yml")) else "this config"
     require_cuda_if_needed(cfg, prog, recipe, label.lower())
     lock = None
@@ -118,7 +123,8 @@ def run_trainer(trainer_cls, schema, argv: list[str] | None, prog: str, label: s
             cfg.check_inputs()
         if int(os.environ.get("RANK", 0)) == 0:  # one run per output directory (the lock dies with its holder)
             lock = OutputLock(cfg.output_dir).acquire()
-        trainer = trainer_cls(cfg)
+        module, cls = trainer_path.split(":")
+        trainer = getattr(importlib.import_module(module), cls)(cfg)
     except (OutputLockBusy, DataError, ValueError, FileNotFoundError) as exc:
         # The user's input, not a crash: one line, exit 2. (The launch scripts run this same check in
         # a preflight before torchrun, so torchrun never restarts workers for a deterministic error.)

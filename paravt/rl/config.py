@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from paravt.agent.tools import CropConfig, check_tools
-from paravt.core.config import check_run_paths, require
+from paravt.core.config import check_dtype, check_run_paths, require
 from paravt.engines.sglang import SGLangServerConfig
 from paravt.engines.vllm import VLLMServerConfig
-from paravt.models.loading import resolve_dtype
 from paravt.rl.gating import DEFAULT_CHOICES
 from paravt.rl.rewards.judge import JudgeConfig
 from paravt.rl.rewards.terms import RewardKnobs
@@ -217,7 +216,7 @@ class TrainerConfig:
     sharded_init: bool = True
 
     def __post_init__(self):
-        resolve_dtype(self.dtype)
+        check_dtype(self.dtype)
         if self.strategy not in ("fsdp2", "none"):
             raise ValueError(f"trainer.strategy must be fsdp2 or none, got {self.strategy!r}")
 

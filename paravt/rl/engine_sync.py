@@ -1,4 +1,4 @@
-"""Trainer rank 0's rollout engine and the weight push to it, for :class:`paravt.rl.train.RLTrainer`.
+"""Trainer rank 0's rollout engine and the weight push to it, for :class:`paravt.rl.trainer.RLTrainer`.
 
 * :meth:`RolloutEngineMixin._start_engine` — the engine of ``rollout.engine`` (in-process, or
   servers launched / reached by URL) with its timeouts and, for ``rollout.weight_sync=broadcast``,

@@ -1,6 +1,6 @@
 """A run that loses its work stops, and never ends as a success.
 
-:class:`LostWorkMixin` is part of :class:`~paravt.rl.train.RLTrainer`: after each rollout batch it
+:class:`LostWorkMixin` is part of :class:`~paravt.rl.trainer.RLTrainer`: after each rollout batch it
 counts the steps that lost work (prompts skipped because an episode failed: a server, a tool, a
 missing video) and stops the run with a checkpoint and exit 3 after ``rollout.max_bad_steps`` of
 them in a row; a run whose last steps lost work ends with exit 3 too.

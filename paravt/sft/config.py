@@ -5,9 +5,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paravt.core.config import check_run_paths, require
-from paravt.models.loading import resolve_dtype
-from paravt.sft.data import Shard, VideoSamplingConfig
+from paravt.core.config import check_dtype, check_run_paths, require
+
+
+@dataclass
+class VideoSamplingConfig:
+    fps: float = 1.0  # frames per second sampled from a video window
+    max_frames: int = 64  # cap on frames per video
+    min_frames: int = 1  # floor on frames per video
+    min_pixels: int = 784  # per-frame lower pixel bound (smart resize)
+    max_pixels: int = 50176  # per-frame upper pixel bound (smart resize)
+    factor: int = 32  # frame sides rounded to multiples of this (patch x merge)
+    decoder: str = "pyav"  # pyav (keyframe seeks, frame-exact) | decord (the design's); same frames either way
+    # Videos kept open, each with the frames already decoded and resized from it (least recently used closed
+    # first). A data set with more videos than this reopens, re-probes and re-decodes a video for nearly every
+    # row; one with fewer decodes each frame once per run. Memory: up to FRAME_CACHE_ITEMS resized frames per
+    # open video (paravt.core.video), e.g. ~1 MB per video in the tiny world, up to ~45 MB at 50,176 px.
+    open_videos: int = 16
+
+    def __post_init__(self):
+        if self.decoder not in ("pyav", "decord"):
+            raise ValueError(f"video.decoder must be 'pyav' or 'decord', got {self.decoder!r}")
+        if self.open_videos < 1:
+            raise ValueError(f"video.open_videos must be >= 1, got {self.open_videos}")
+
+
+@dataclass
+class Shard:
+    path: str = ""
+    name: str = ""
+    max_rows: int | None = None
+    optional: bool = False  # a missing optional shard is logged and skipped; a missing required one is an error
 
 
 @dataclass
@@ -121,7 +149,7 @@ class SFTConfig:
         for name in ("max_length", "per_device_batch_size", "grad_accum", "max_steps", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        resolve_dtype(self.dtype)
+        check_dtype(self.dtype)
         if self.copy_aux.weight and self.dist.strategy == "deepspeed":
             raise ValueError("copy_aux (the tiny model's copy lessons) runs under fsdp2, ddp or none, not deepspeed")
 

@@ -34,31 +34,11 @@ from paravt.core.seeding import rng
 from paravt.core.video import VideoError, local_path, sample_fps, sample_overview
 from paravt.data.schema import DataError, SFTRow, SkipReport, load_sft_rows
 from paravt.models.images import ImageInputs
+from paravt.sft.config import Shard, VideoSamplingConfig
 
 log = logging.getLogger(__name__)
 IGNORE = -100
 
-
-@dataclass
-class VideoSamplingConfig:
-    fps: float = 1.0  # frames per second sampled from a video window
-    max_frames: int = 64  # cap on frames per video
-    min_frames: int = 1  # floor on frames per video
-    min_pixels: int = 784  # per-frame lower pixel bound (smart resize)
-    max_pixels: int = 50176  # per-frame upper pixel bound (smart resize)
-    factor: int = 32  # frame sides rounded to multiples of this (patch x merge)
-    decoder: str = "pyav"  # pyav (keyframe seeks, frame-exact) | decord (the design's); same frames either way
-    # Videos kept open, each with the frames already decoded and resized from it (least recently used closed
-    # first). A data set with more videos than this reopens, re-probes and re-decodes a video for nearly every
-    # row; one with fewer decodes each frame once per run. Memory: up to FRAME_CACHE_ITEMS resized frames per
-    # open video (paravt.core.video), e.g. ~1 MB per video in the tiny world, up to ~45 MB at 50,176 px.
-    open_videos: int = 16
-
-    def __post_init__(self):
-        if self.decoder not in ("pyav", "decord"):
-            raise ValueError(f"video.decoder must be 'pyav' or 'decord', got {self.decoder!r}")
-        if self.open_videos < 1:
-            raise ValueError(f"video.open_videos must be >= 1, got {self.open_videos}")
 
 
 @dataclass
@@ -201,13 +181,6 @@ class ExampleBuilder:
 # ---------------------------------------------------------------------------------------
 # Manifest
 # ---------------------------------------------------------------------------------------
-
-@dataclass
-class Shard:
-    path: str = ""
-    name: str = ""
-    max_rows: int | None = None
-    optional: bool = False  # a missing optional shard is logged and skipped; a missing required one is an error
 
 
 class MissingShardError(FileNotFoundError):

@@ -9,7 +9,7 @@ import pytest
 
 from paravt.core.config import _field_comments, all_keys
 
-STAGES = [("paravt.sft.train", "paravt.sft.train:SFTConfig"), ("paravt.rl.train", "paravt.rl.config:RLConfig"),
+STAGES = [("paravt.sft.train", "paravt.sft.config:SFTConfig"), ("paravt.rl.train", "paravt.rl.config:RLConfig"),
           ("paravt.eval.driver", "paravt.eval.driver:EvalConfig")]
 
 
@@ -86,3 +86,26 @@ def test_eval_help_lists_every_split():
     for s in SPLITS.values():
         row = next(ln for ln in table.splitlines() if ln.split() and ln.split()[0] == s.name)
         assert all(lay.annotation in row for lay in s.layouts) and (s.hub is None or s.hub.repo_id in row), row
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["configs/rl/tiny.yaml", "max_step=10"], ["configs/rl/tiny.yaml", "trainer.dtype=fp64"],
+                                  ["configs/sft/tiny.yaml", "video.decoder=ffmpeg"]])
+def test_help_and_bad_input_answer_before_torch_is_imported(argv):
+    """The trainers' command lines read and check the config first: help and a typo answer in about a
+    second, not after torch, transformers and the model code have loaded."""
+    module = "paravt.sft.train" if "sft" in " ".join(argv) else "paravt.rl.train"
+    code = ("import sys\n"
+            f"from {module} import main\n"
+            "try:\n"
+            f"    main({argv!r})\n"
+            "except SystemExit as e:\n"
+            "    code = e.code\n"
+            "print('CODE', code, 'TORCH', 'torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == f"CODE {0 if argv == ['--help'] else 2} TORCH False", r.stdout[-500:] + r.stderr[-1500:]
+
+
+def test_the_dtype_names_a_config_accepts_are_the_loaders():
+    from paravt.core.config import DTYPE_NAMES
+    from paravt.models.loading import DTYPES
+    assert set(DTYPE_NAMES) == set(DTYPES)

@@ -85,7 +85,7 @@ def test_a_corrupt_video_skips_its_prompt_not_the_run(world, tiny_dir, tmp_path)
 
     from paravt.core.config import load_config
     from paravt.rl.config import RLConfig
-    from paravt.rl.train import RLTrainer
+    from paravt.rl.trainer import RLTrainer
 
     # a copy of the RL rows whose every other video is a zero-byte or garbage file
     rows = pq.read_table(world / "local/paravt_rl_synth.parquet").to_pylist()

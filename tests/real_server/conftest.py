@@ -40,7 +40,7 @@ def sft_checkpoint(sft_world, tmp_path_factory) -> Path:
     from paravt.core.config import load_config
     from paravt.models.tiny import build_tiny
     from paravt.sft.config import SFTConfig
-    from paravt.sft.train import SFTTrainer
+    from paravt.sft.trainer import SFTTrainer
 
     tiny = tmp_path_factory.mktemp("rs_tiny")
     build_tiny(tiny, seed=0)

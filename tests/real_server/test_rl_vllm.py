@@ -563,7 +563,7 @@ def test_server_logprobs_equal_the_trainers(temperature, rollout_server, prompt,
     from paravt.core.config import load_config
     from paravt.rl.config import RLConfig
     from paravt.rl.rollout import Sample
-    from paravt.rl.train import RLTrainer
+    from paravt.rl.trainer import RLTrainer
 
     ids, images, _ = prompt
     out = _sample(rollout_server, prompt, temperature, n=32)

@@ -129,7 +129,7 @@ def test_loss_is_rl_loss_plus_lambda_nll(world, tiny_dir, tmp_path):
     """train_on with SFT samples applies exactly grad(L_RL/N_rl + λ·NLL/N_sft) (checked on the tiny model)."""
     from paravt.rl.grpo import ppo_token_loss
     from paravt.rl.rollout import Sample
-    from paravt.rl.train import RLTrainer
+    from paravt.rl.trainer import RLTrainer
 
     lam = 0.7
     cfg = load_config(RLConfig, "configs/rl/tiny_gtr.yaml", [
@@ -161,7 +161,7 @@ def test_loss_is_rl_loss_plus_lambda_nll(world, tiny_dir, tmp_path):
 
 
 def test_resume_restores_the_buffer(world, tiny_dir, tmp_path):
-    from paravt.rl.train import RLTrainer
+    from paravt.rl.trainer import RLTrainer
 
     over = [f"model_path={tiny_dir}", f"output_dir={tmp_path}", f"train_data=[{world}/local/paravt_rl_synth.parquet]",
             "max_steps=2", "save_every=1", "grpo.prompts_per_step=2", "grpo.n_samples=2",

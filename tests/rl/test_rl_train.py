@@ -10,7 +10,7 @@ import pytest
 
 from paravt.core.config import load_config
 from paravt.rl.config import RLConfig
-from paravt.rl.train import PromptSchedule, RLTrainer
+from paravt.rl.trainer import PromptSchedule, RLTrainer
 
 REQUIRED = ["reward/total", "reward/acc", "reward/format", "reward/tool", "format/compliance", "tools/call_frequency",
             "tools/calls_per_turn", "tools/failure_frequency", "frac_reward_zero_std", "completions/clipped_ratio",

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from paravt.core.config import load_config
 from paravt.sft.config import SFTConfig
-from paravt.sft.train import SFTTrainer
+from paravt.sft.trainer import SFTTrainer
 
 
 def _cfg(world, tiny_dir, out, **kw):
@@ -79,7 +79,7 @@ def test_8b_manifest_uses_the_released_shard_names(tmp_path):
 
 def test_schedule_planned_over_1500_steps_stops_at_500():
     """The released SFT checkpoint is step 500 of a cosine planned over 1500 steps (lr ≈ 0.8x peak there)."""
-    from paravt.sft.train import lr_lambda
+    from paravt.sft.trainer import lr_lambda
     cfg = load_config(SFTConfig, "configs/sft/qwen3vl_8b.yaml")
     assert cfg.max_steps == 500 and cfg.optim.schedule_steps == 1500
     f = lr_lambda(cfg)
@@ -114,7 +114,7 @@ def test_two_process_gloo_fsdp2(world, tiny_dir, tmp_path):
 
 def test_vision_lr_scale_and_freeze(tiny_dir):
     from paravt.models.loading import load_model
-    from paravt.sft.train import param_groups
+    from paravt.sft.trainer import param_groups
     m = load_model(tiny_dir)
     groups = param_groups(m, 0.01, vision_lr_scale=0.1, lr=1e-3)
     vis = {id(p) for n, p in m.named_parameters() if ".visual." in f".{n}"}
