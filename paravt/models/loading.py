@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 import paravt.models.processor  # noqa: F401  (registers the image-only processor)
+from paravt.core.config import check_dtype
 from paravt.models import packed_attention
 
 packed_attention.register()  # attn_implementation="sdpa_varlen" in every process that loads or builds a model
@@ -22,8 +23,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r} (expected one of {sorted(DTYPES)})")
+    check_dtype(name)
     return DTYPES[name]
 
 
