@@ -4,7 +4,7 @@
 #   bash scripts/fragility_tiny.sh SEED_DIR        (a quickstart OUT_DIR: needs world/ and FRAG_BASE/final)
 #   Sizes (environment): PRIOR_STEPS (300), COLD_STEPS (20, planned over 80: ~50% compliant at RL start, measured
 #     in docs/RESULTS.md), FRAG_RL_STEPS (30), SEED (0);
-#     QUICKSTART_SMALL=1: 10 / 10 / 4 (a few minutes; CI)
+#     QUICKSTART_SMALL=1: 10 / 10 / 2 (a few minutes; CI)
 #   FRAG_K (4): both RL arms train at this one overview budget, so their compliance compares on the same
 #     episodes (PARA-GRPO keeps its format reward and anchoring, without nFrames gating); FRAG_K=recipe: each
 #     arm at its recipe's K (vanilla 64, PARA-GRPO gated over 4..64).
@@ -44,7 +44,7 @@ FRAG_K="${FRAG_K:-4}"; NATIVE_REASONING="${NATIVE_REASONING:-keep}"; FRAG_BASE="
 case "$NATIVE_REASONING" in keep) NATIVE_FLAGS=() ;; drop) NATIVE_FLAGS=(--drop-reasoning) ;;
   *) echo "NATIVE_REASONING must be keep or drop, got '$NATIVE_REASONING'" >&2; exit 2 ;; esac
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
-  PRIOR_STEPS="${PRIOR_STEPS:-10}"; COLD_STEPS="${COLD_STEPS:-10}"; FRAG_RL_STEPS="${FRAG_RL_STEPS:-4}"
+  PRIOR_STEPS="${PRIOR_STEPS:-10}"; COLD_STEPS="${COLD_STEPS:-10}"; FRAG_RL_STEPS="${FRAG_RL_STEPS:-2}"
 else
   [[ -z "${COLD_STEPS:-}" ]] && COLD_SCHEDULE_STEPS="${COLD_SCHEDULE_STEPS:-80}"
   PRIOR_STEPS="${PRIOR_STEPS:-300}"; COLD_STEPS="${COLD_STEPS:-20}"; FRAG_RL_STEPS="${FRAG_RL_STEPS:-30}"

@@ -74,6 +74,8 @@ def test_short_quickstart(tmp_path):
     assert not (rep / "seed_1/fragility").exists()  # FRAGILITY=0
     md = (rep / "report.md").read_text()
     assert "Seeds 0, 1" in md and "| PARA-GRPO vs vanilla GRPO | 4 |" in md
+    # every stage's recorded settings compared across the two seeds: the same but the seed; fragility in seed 0 only
+    assert "settings are the same in every seed" in md and "fragility/rl_vanilla: in seed_0 only" in md
     assert "training format compliance, PARA-GRPO" in md
     # the report's Format Fragility section from the seed that has it (its row, its curves)
     assert "## Format Fragility" in md and (rep / "fragility_curves.png").stat().st_size > 1000

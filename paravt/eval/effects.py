@@ -20,6 +20,9 @@ An effect that does not appear is reported as such, with the numbers; nothing he
 ``--against RUN_DIR ...`` compares two designs run from the same cold starts (an ablation: the same seeds,
 worlds and eval questions, another RL setting): every effect and cell of the second design minus the
 first's, paired by seed (in the order given) and by question, with the same two-level interval.
+
+Within a design the seeds must differ in their seed alone (:mod:`paravt.eval.run_settings` compares every
+stage's settings); otherwise exit 2 with the differing keys, unless ``--allow-differing-settings``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from paravt.core.metrics import read_jsonl
+from paravt.eval.run_settings import differences
 from paravt.eval.seeds import two_level_bootstrap
 
 MODELS = ("sft", "vanilla", "paragrpo")
@@ -172,7 +176,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="a second design's folders, one per seed in the same order: report its effects minus the first's")
     ap.add_argument("--out", type=Path, help="write the markdown here (and the numbers beside it as .json)")
     ap.add_argument("--n-boot", type=int, default=10000)
+    ap.add_argument("--allow-differing-settings", action="store_true",
+                    help="report even when the seeds of one design were run with different settings")
     a = ap.parse_args(argv)
+    for design in (a.runs, a.against or []):  # within a design the seeds differ in their seed alone
+        differ = differences(design)[0] if len(design) > 1 else []
+        if differ and not a.allow_differing_settings:
+            print(f"error: the seeds {', '.join(map(str, design))} were not run with the same settings ({len(differ)}"
+                  " differ; --allow-differing-settings to report anyway):\n  " + "\n  ".join(differ[:20]), file=sys.stderr)
+            return 2
     try:
         res = compare(a.runs, a.against, n_boot=a.n_boot) if a.against else effects(a.runs, n_boot=a.n_boot)
     except (FileNotFoundError, ValueError) as exc:

@@ -16,6 +16,11 @@
   cold start, the change in compliance from the first fifth of the steps to the last, PARA − vanilla
   across seeds (judged against the E3 criterion), and the curves
   (``OUT/fragility_curves.png``).
+
+The seeds must differ in their seed alone: their stages' settings are compared first
+(:mod:`paravt.eval.run_settings`), and seeds run with other settings (another ``RL_STEPS``, another
+``EVAL_LIMIT``, ...) stop the report with exit 2 and the differing keys, unless
+``--allow-differing-settings`` (then the report lists them under its title).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import numpy as np
 from paravt.core.metrics import read_jsonl
 from paravt.core.seeding import rng
 from paravt.eval.report import COMPARISONS, MIN_COMPLIANCE, ROWS, _comparison, md_table, per_question
+from paravt.eval.run_settings import differences
 
 
 def seed_dirs(out: Path) -> list[Path]:
@@ -254,18 +260,31 @@ def fragility_curves(runs: list[Path], path: Path, window: int = 5) -> Path | No
 
 def main(argv: list[str] | None = None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
+    allow = "--allow-differing-settings" in args
+    args = [a for a in args if a != "--allow-differing-settings"]
     if len(args) != 1 or args[0] in ("-h", "--help"):
         print(__doc__)
+        print("usage: python -m paravt.eval.seeds OUT [--allow-differing-settings]")
         return 0 if args and args[0] in ("-h", "--help") else 2
     out = Path(args[0])
     runs = seed_dirs(out)
     if not runs:
         print(f"error: no seed_<s>/ runs under {out}", file=sys.stderr)
         return 2
+    differ, partial = differences(runs)
+    if differ and not allow:
+        print(f"error: the seeds under {out} were not run with the same settings, so an interval across them mixes"
+              f" settings ({len(differ)} differ; rerun those seeds, or --allow-differing-settings to write the report"
+              " with the differences listed):\n  " + "\n  ".join(differ[:20]), file=sys.stderr)
+        return 2
     seeds = ", ".join(r.name.split("_")[1] for r in runs)
+    same = ("Every stage's settings are the same in every seed but the seed (python -m paravt.eval.run_settings)."
+            if not differ else "**The seeds differ in settings** (written with --allow-differing-settings): "
+            + "; ".join(differ) + ".")
     md = [f"# Tiny ParaVT across seeds ({time.strftime('%Y-%m-%d %H:%M')})", "",
           f"Seeds {seeds} (training seed; one world). Held-out synthetic questions; score = accuracy (mcq, oe) and",
-          "temporal IoU (tvg) averaged, in %. No-tools rows: the direct prompt (the model answers from its K frames).", "",
+          "temporal IoU (tvg) averaged, in %. No-tools rows: the direct prompt (the model answers from its K frames).",
+          same + (f" Run in some seeds only: {'; '.join(partial)}." if partial else ""), "",
           "## Eval cells", "", cells_table(runs), "",
           "## Effects across seeds", "",
           "Paired per question within a seed; the interval resamples seeds, then questions within each seed (10 000 draws).",

@@ -88,3 +88,27 @@ def test_against_compares_two_designs_seed_by_seed_and_question_by_question(tmp_
     assert main([str(r) for r in base] + ["--against", str(other[0]), "--n-boot", "50"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "3 against 1" in err[0]
+
+
+def test_seeds_of_one_design_run_with_other_settings_stop_the_report(tmp_path, capsys):
+    """Within a design the seeds differ in their seed alone; an ablation (--against) may differ from the base."""
+    def rl(run, s, lr):
+        step = run / "rl_paragrpo" / "checkpoints" / "step_000002"
+        (step / "hf").mkdir(parents=True)
+        (step / "trainer_state.json").write_text(json.dumps({"config": {"seed": s, "optim": {"lr": lr}}}))
+        (run / "rl_paragrpo" / "final").symlink_to(step / "hf")
+    base = [_seed(tmp_path / "base", s, 0.5) for s in range(2)]
+    other = [_seed(tmp_path / "other", s, 0.5) for s in range(2)]
+    for s, run in enumerate(base):
+        rl(run, s, 1e-4)
+    for s, run in enumerate(other):
+        rl(run, s, 2e-4)
+    args = [str(r) for r in base] + ["--against"] + [str(r) for r in other] + ["--n-boot", "50"]
+    assert main(args) == 0  # the designs differ from each other: that is the ablation
+    capsys.readouterr()
+    (base[1] / "rl_paragrpo" / "checkpoints" / "step_000002" / "trainer_state.json").write_text(
+        json.dumps({"config": {"seed": 1, "optim": {"lr": 5e-4}}}))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "not run with the same settings" in err and "rl_paragrpo optim.lr: s0 0.0001, s1 0.0005" in err
+    assert main(args + ["--allow-differing-settings"]) == 0
