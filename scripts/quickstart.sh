@@ -2,7 +2,8 @@
 # The main job on the embedded default (CPU, no downloads):
 #   CPU venv -> tiny Qwen3-VL -> synthetic world -> materialize -> perception pretraining of the tiny
 #   base (stands in for Qwen3-VL's visual pretraining) -> cold-start SFT -> vanilla GRPO and PARA-GRPO (same steps, same seeds) -> eval at K=4 and K=64 -> report.
-# Finished stages are reused on a rerun (delete OUT_DIR to start over). SFT and RL run through the launchers
+# Finished stages are reused on a rerun if made with the same arguments (else it stops and names the ones that
+# differ; delete OUT_DIR to start over). SFT and RL run through the launchers
 # users run on GPU nodes (scripts/run_sft.sh, scripts/run_rl.sh: preflight, torchrun for RL), one process each.
 #   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
 #   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
@@ -61,14 +62,42 @@ step() {
   echo; echo "== [$(( now - T0 ))s] $* =="
 }
 reuse() { echo "reusing"; REUSED=1; }
+# A finished stage is reused only if it was made with the arguments this run would give it: each stage writes
+# its arguments to DIR/quickstart_args.txt (this OUT_DIR's path as <out>), and a rerun asking for others (another
+# RL_STEPS, SEED, SFT_ATTN, world flag, ...) stops with the lines that differ instead of reusing it. A stage that
+# is a link (a world or base shared between seeds) or has no such file (made by another script) is reused as is.
+args_of() {  # one line per key=value or --flag [value]
+  local a line=""
+  for a in "$@"; do
+    a="${a//"$OUT"/<out>}"
+    if [[ -n "$line" && "$a" != --* ]]; then printf '%s %s\n' "$line" "$a"; line=""; continue; fi
+    [[ -n "$line" ]] && printf '%s\n' "$line"
+    if [[ "$a" == --* ]]; then line="$a"; else printf '%s\n' "$a"; line=""; fi
+  done
+  [[ -z "$line" ]] || printf '%s\n' "$line"
+}
+record() { local dir="$1"; shift; args_of "$@" > "$dir/quickstart_args.txt"; }
+reuse_if_same() {  # reuse_if_same DIR ARGS...
+  local dir="$1" rec="$1/quickstart_args.txt"; shift
+  if [[ ! -L "$dir" && -f "$rec" && "$(args_of "$@")" != "$(cat "$rec")" ]]; then
+    echo "quickstart: $dir was made with other settings than this run gives it:" >&2
+    grep -Fxv -f "$rec" <(args_of "$@") | sed 's/^/  this run:   /' >&2 || true
+    grep -Fxv -f <(args_of "$@") "$rec" | sed 's/^/  that stage: /' >&2 || true
+    echo "  delete $dir and the stages after it to make them again, or give another OUT_DIR" >&2
+    exit 2
+  fi
+  reuse
+}
 
 step tiny_model "1/8 tiny Qwen3-VL (copy warm-up: $WARMUP_STEPS steps) -> $OUT/tiny_model"
-if [[ -f "$OUT/tiny_model/paravt_tiny.json" ]]; then reuse; else
-  python -m paravt.models.tiny --out "$OUT/tiny_model" --seed "$SEED" --copy-warmup-steps "$WARMUP_STEPS" "${TINY_HEAD[@]}" "${TINY_EXTRA[@]}"; fi
+A=(--out "$OUT/tiny_model" --seed "$SEED" --copy-warmup-steps "$WARMUP_STEPS" "${TINY_HEAD[@]}" "${TINY_EXTRA[@]}")
+if [[ -f "$OUT/tiny_model/paravt_tiny.json" ]]; then reuse_if_same "$OUT/tiny_model" "${A[@]}"; else
+  python -m paravt.models.tiny "${A[@]}"; record "$OUT/tiny_model" "${A[@]}"; fi
 
 step world "2/8 synthetic world -> $OUT/world"
-if [[ -f "$OUT/world/world_stats.json" ]]; then reuse; else
-  python -m paravt.data.synthetic --out "$OUT/world" --seed "${WORLD_SEED:-$SEED}" "${WORLD_ARGS[@]}" "${WORLD_EXTRA[@]}"; fi
+A=(--out "$OUT/world" --seed "${WORLD_SEED:-$SEED}" "${WORLD_ARGS[@]}" "${WORLD_EXTRA[@]}")
+if [[ -f "$OUT/world/world_stats.json" ]]; then reuse_if_same "$OUT/world" "${A[@]}"; else
+  python -m paravt.data.synthetic "${A[@]}"; record "$OUT/world" "${A[@]}"; fi
 
 step materialize "3/8 materialize -> $OUT/world/local"
 if [[ -f "$OUT/world/local/materialize_report.json" ]]; then reuse; else
@@ -78,10 +107,11 @@ if [[ -f "$OUT/world/local/materialize_report.json" ]]; then reuse; else
 # Perception runs on its own rows only: anything mixed in (reading rows) leaves it at chance (docs/RESULTS.md).
 # From a copy-warmed base it needs ~1200 steps instead of 600.
 step perception "4/8 perception pretraining of the tiny base ($PERC_STEPS steps) -> $OUT/perception"
-if [[ -e "$OUT/perception/final/config.json" ]]; then reuse; else
-  NPROC=1 bash scripts/run_sft.sh configs/sft/tiny_perception.yaml model_path="$OUT/tiny_model" output_dir="$OUT/perception" \
-    data.0.path="$OUT/world/local/paravt_perception_synth.parquet" max_steps="$PERC_STEPS" \
-    save_every="$PERC_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE" "${SFT_ATTN_ARG[@]}"; fi
+A=(configs/sft/tiny_perception.yaml model_path="$OUT/tiny_model" output_dir="$OUT/perception"
+   data.0.path="$OUT/world/local/paravt_perception_synth.parquet" max_steps="$PERC_STEPS"
+   save_every="$PERC_STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE" "${SFT_ATTN_ARG[@]}")
+if [[ -e "$OUT/perception/final/config.json" ]]; then reuse_if_same "$OUT/perception" "${A[@]}"; else
+  NPROC=1 bash scripts/run_sft.sh "${A[@]}"; record "$OUT/perception" "${A[@]}"; fi
 
 # SFT_READING=1: the tiny model's reading lessons (text-only reports -> answer, paravt_reading_synth.parquet) are
 # mixed into the SFT batches. Then SFT_PHASES: each continues from the previous phase on the SFT rows plus the
@@ -107,10 +137,10 @@ for i in "${!PHASES[@]}"; do
   fi
   DEST="$OUT/sft_$NAME"; (( i == ${#PHASES[@]} - 1 )) && DEST="$OUT/sft"
   step "sft_$NAME" "5/8 cold-start SFT phase $(( i + 1 ))/${#PHASES[@]}: $NAME ($STEPS steps) -> $DEST"
-  if [[ -e "$DEST/final/config.json" ]]; then reuse; else
-    NPROC=1 bash scripts/run_sft.sh configs/sft/tiny.yaml model_path="$PREV/final" output_dir="$DEST" \
-      "data=[$DATA]" max_steps="$STEPS" \
-      save_every="$STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE" "${SFT_ATTN_ARG[@]}"; fi
+  A=(configs/sft/tiny.yaml model_path="$PREV/final" output_dir="$DEST" "data=[$DATA]" max_steps="$STEPS"
+     save_every="$STEPS" seed="$SEED" copy_aux.weight="$COPY_AUX" optim.freeze_lm_head="$FREEZE" "${SFT_ATTN_ARG[@]}")
+  if [[ -e "$DEST/final/config.json" ]]; then reuse_if_same "$DEST" "${A[@]}"; else
+    NPROC=1 bash scripts/run_sft.sh "${A[@]}"; record "$DEST" "${A[@]}"; fi
   PREV="$DEST"
 done
 step probe "5b/8 what the sub-agents see (python -m paravt.eval.probe)"
@@ -123,11 +153,14 @@ done
 # the sub-agents see as many frames per crop as the world's expert did (the needle preset: 30 at 1 fps)
 CROP_FRAMES=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config']['crop_max_frames'])" "$OUT/world/world.json")
 
+rl_args() {  # rl_args vanilla|paragrpo: RLA = that arm's arguments of scripts/run_rl.sh
+  local recipe=configs/rl/tiny.yaml; [[ $1 == vanilla ]] && recipe=configs/rl/tiny_vanilla.yaml
+  RLA=("$recipe" model_path="$OUT/sft/final" output_dir="$OUT/rl_$1" "train_data=[$OUT/world/local/paravt_rl_synth.parquet]"
+       max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED" hierarchical_agent.crop.max_frames="$CROP_FRAMES")
+}
 rl_arm() {  # rl_arm vanilla|paragrpo: one RL arm from the SFT checkpoint through scripts/run_rl.sh
-  local RECIPE=configs/rl/tiny.yaml; [[ $1 == vanilla ]] && RECIPE=configs/rl/tiny_vanilla.yaml
-  NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$1" \
-    "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED" \
-    hierarchical_agent.crop.max_frames="$CROP_FRAMES"
+  local RLA; rl_args "$1"
+  NPROC=1 bash scripts/run_rl.sh "${RLA[@]}" && record "$OUT/rl_$1" "${RLA[@]}"
 }
 rl_done() { [[ -e "$OUT/rl_$1/final/config.json" ]]; }
 
@@ -174,7 +207,7 @@ tree() {  # tree PID: the process and all its descendants (Linux /proc; no procp
 if (( JOBS == 1 )) || rl_done vanilla || rl_done paragrpo; then
   for RUN in vanilla paragrpo; do
     step "rl_$RUN" "6/8 RL: $RUN ($RL_STEPS steps) -> $OUT/rl_$RUN"
-    if rl_done "$RUN"; then reuse; else rl_arm "$RUN"; fi
+    if rl_done "$RUN"; then rl_args "$RUN"; reuse_if_same "$OUT/rl_$RUN" "${RLA[@]}"; else rl_arm "$RUN"; fi
   done
   step eval "7/8 eval on the held-out synthetic set (K = 4 and 64, $EVAL_LIMIT samples each)"
   : > "$OUT/eval.log"  # this run's eval log only

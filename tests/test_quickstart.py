@@ -57,6 +57,11 @@ def test_short_quickstart(tmp_path):
     r2 = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=900,
                         env={**os.environ, "QUICKSTART_SMALL": "1"})
     assert r2.returncode == 0 and r2.stdout.count("reusing") >= 7
+    # a rerun asking another seed stops at the first stage it would reuse, naming the argument that differs
+    rs = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=900,
+                        env={**os.environ, "QUICKSTART_SMALL": "1", "SEED": "1"})
+    assert rs.returncode == 2 and f"{out}/tiny_model was made with other settings" in rs.stderr, rs.stderr[-2000:]
+    assert "  this run:   --seed 1" in rs.stderr and "  that stage: --seed 0" in rs.stderr
     # Format Fragility in this quickstart's folder, as a user runs it after a quickstart (CI runs it in one seed:
     # the same stage per seed; the table and interval across seeds are tested in tests/eval/test_seeds.py)
     rf = subprocess.run(["bash", "scripts/fragility_tiny.sh", str(out)], capture_output=True, text=True, timeout=3000,
