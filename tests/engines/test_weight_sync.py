@@ -44,7 +44,7 @@ RECEIVER = textwrap.dedent("""
     import sys, torch
     from paravt.core.weight_sync import TensorMeta, broadcast, destroy_weight_group, init_weight_group, unflatten
     port, rank, world = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    g = init_weight_group("127.0.0.1", port, rank, world, "paravt_test", "gloo", 30)
+    g = init_weight_group("127.0.0.1", port, rank, world, f"paravt_test_{port}", "gloo", 30)
     metas = [TensorMeta("x", "bfloat16", (64, 32)), TensorMeta("y", "bfloat16", (5,))]
     flat = torch.empty(sum(m.nbytes for m in metas), dtype=torch.uint8)
     broadcast(g, flat, 30)
@@ -57,27 +57,56 @@ RECEIVER = textwrap.dedent("""
 """)
 
 
-def test_the_group_broadcasts_a_bucket_to_every_receiver(tmp_path):
-    """Rank 0 (this process, which already has no default group) and two receivers in other processes."""
+MESH_FAILED = "connectFullMesh failed"  # gloo's own connection between the ranks, before any group is returned
+
+
+def _broadcast_to_two_receivers(tmp_path: Path) -> str | None:
+    """Rank 0 here, ranks 1 and 2 in other processes, one group name per try (a failed group stays registered
+    in this process). None when every receiver got the bucket exactly, else what went wrong."""
     from paravt.core.weight_sync import broadcast, destroy_weight_group, init_weight_group
     from paravt.models.parallel import free_port
 
+    tmp_path.mkdir()
     port = free_port()
     script = tmp_path / "recv.py"
     script.write_text(RECEIVER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, str(script), str(port), str(r), "3", str(tmp_path / f"r{r}.pt")], env=env)
-             for r in (1, 2)]
-    g = init_weight_group("127.0.0.1", port, 0, 3, "paravt_test", "gloo", 30)
+    logs = [tmp_path / f"r{r}.log" for r in (1, 2)]
+    procs = [subprocess.Popen([sys.executable, str(script), str(port), str(r), "3", str(tmp_path / f"r{r}.pt")], env=env,
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT) for r, log in zip((1, 2), logs)]
     x = torch.randn(64, 32).to(torch.bfloat16)
     y = torch.arange(5).to(torch.bfloat16)
-    broadcast(g, flatten([x, y]), 30)
-    for p in procs:
-        assert p.wait(timeout=60) == 0
-    destroy_weight_group(g)
+    try:
+        try:
+            g = init_weight_group("127.0.0.1", port, 0, 3, f"paravt_test_{port}", "gloo", 30)
+            broadcast(g, flatten([x, y]), 30)
+        except (RuntimeError, TimeoutError) as exc:
+            for p in procs:
+                p.wait(timeout=60)
+            return f"{exc}\n" + "\n".join(log.read_text()[-1500:] for log in logs)
+        codes = [p.wait(timeout=60) for p in procs]
+        destroy_weight_group(g)
+    finally:
+        for p in procs:
+            p.kill()
+    if codes != [0, 0]:
+        return f"receivers exited {codes}\n" + "\n".join(log.read_text()[-1500:] for log in logs)
     for r in (1, 2):
         got = torch.load(tmp_path / f"r{r}.pt")
         assert torch.equal(got["x"], x) and torch.equal(got["y"], y)
+    return None
+
+
+def test_the_group_broadcasts_a_bucket_to_every_receiver(tmp_path):
+    """Rank 0 (this process, which already has no default group) and two receivers in other processes. On a
+    loaded machine gloo's own mesh between the ranks can fail while they connect (a peer closes the connection
+    before the group exists, seen once beside CI's other track): that failure alone, named by gloo, gets one more
+    try with a fresh group; any other failure, or a second one, fails the test."""
+    problem = _broadcast_to_two_receivers(tmp_path / "try1")
+    if problem is not None and MESH_FAILED in problem:
+        print(f"gloo's mesh failed on the first try, trying once more:\n{problem}")
+        problem = _broadcast_to_two_receivers(tmp_path / "try2")
+    assert problem is None, problem
 
 
 def test_a_receiver_that_died_fails_the_broadcast_instead_of_hanging(tmp_path):
@@ -89,16 +118,20 @@ def test_a_receiver_that_died_fails_the_broadcast_instead_of_hanging(tmp_path):
     script.write_text(textwrap.dedent("""
         import os, sys, torch
         from paravt.core.weight_sync import broadcast, init_weight_group
-        g = init_weight_group("127.0.0.1", int(sys.argv[1]), 1, 2, "paravt_test", "gloo", 30)
+        port = int(sys.argv[1])
+        g = init_weight_group("127.0.0.1", port, 1, 2, f"paravt_test_{port}", "gloo", 30)
         broadcast(g, torch.zeros(1, dtype=torch.uint8), 30)  # both ends have joined
         os._exit(9)  # then gone before the transfer
     """))
     p = subprocess.Popen([sys.executable, str(script), str(port)], env={**os.environ, "PYTHONPATH": str(ROOT)})
-    g = init_weight_group("127.0.0.1", port, 0, 2, "paravt_test", "gloo", 20)
-    broadcast(g, torch.zeros(1, dtype=torch.uint8), 20)
-    p.wait(timeout=60)
-    with pytest.raises(Exception):  # noqa: B017 - gloo's own error (connection closed or timeout), never a hang
-        broadcast(g, torch.zeros(64 << 20, dtype=torch.uint8), 20)
+    try:
+        g = init_weight_group("127.0.0.1", port, 0, 2, f"paravt_test_{port}", "gloo", 20)
+        broadcast(g, torch.zeros(1, dtype=torch.uint8), 20)
+        assert p.wait(timeout=60) == 9
+        with pytest.raises(Exception):  # noqa: B017 - gloo's own error (connection closed or timeout), never a hang
+            broadcast(g, torch.zeros(64 << 20, dtype=torch.uint8), 20)
+    finally:
+        p.kill()
 
 
 LEAVES_GROUP_OPEN = textwrap.dedent("""
@@ -169,7 +202,7 @@ SENDER_UNDER_TORCHRUN = textwrap.dedent("""
     import os, sys, time, torch
     from paravt.core.weight_sync import broadcast, destroy_weight_group, init_weight_group
     port, done = int(sys.argv[1]), sys.argv[2]
-    g = init_weight_group("127.0.0.1", port, 0, 2, "paravt_test", "gloo", 30, join_timeout_s=60)
+    g = init_weight_group("127.0.0.1", port, 0, 2, f"paravt_test_{port}", "gloo", 30, join_timeout_s=60)
     broadcast(g, torch.arange(5).to(torch.bfloat16).view(torch.uint8).clone(), 30)
     print("sent under", os.environ.get("TORCHELASTIC_USE_AGENT_STORE"))
     deadline = time.monotonic() + 60  # the receiver leaves first (see RECEIVER)
