@@ -71,19 +71,31 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
   local extra=()
   [[ "$name" == conformance ]] && extra=(requirements/conformance-nodeps.txt)
   [[ "$name" == vllm ]] && extra=(requirements/vllm-cpu-torch.txt)
-  # A stage with a lock file (requirements/locks/, scripts/lock_requirements.py) installs exactly it:
-  # every package, transitive ones included, at the version CI checked. PARAVT_LOCKED=0: the ranges.
-  local lock="requirements/locks/$name.txt"
-  if [[ -f "$lock" && "${PARAVT_LOCKED:-1}" != 0 ]]; then extra+=("$req"); req="$lock"; fi
+  # A GPU stage with a lock file (requirements/locks/, scripts/lock_requirements.py) installs exactly it:
+  # every package, transitive ones included, at the version its lock holds. The CPU-side environments
+  # (cpu, conformance, vllm) install their requirement files with the lock as pip's constraints: the same
+  # versions on every day, whatever the index has published since, while their own steps (the CPU torch
+  # first, vLLM's torch swap after) stay. The locks are for Linux x86_64; elsewhere the ranges are used.
+  # PARAVT_LOCKED=0: the ranges everywhere.
+  local lock="requirements/locks/$name.txt" constrain=()
+  if [[ -f "$lock" && "${PARAVT_LOCKED:-1}" != 0 ]]; then
+    case "$name" in
+      cpu|conformance|vllm)
+        if [[ "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then constrain=(-c "$lock"); extra+=("$lock")
+        else echo "[setup_env] $lock is for Linux x86_64, this machine is $(uname -s) $(uname -m): .venv-$name from $req's ranges"
+        fi ;;
+      *) extra+=("$req"); req="$lock" ;;
+    esac
+  fi
   stamp="$(cat "$req" pyproject.toml "${extra[@]}" | sha256sum | cut -c1-16)"
   if [[ -f "$venv/.paravt-stamp" && "$(cat "$venv/.paravt-stamp")" == "$stamp" ]]; then
     echo "[setup_env] .venv-$name is up to date"; return 0
   fi
-  echo "[setup_env] building .venv-$name from $req"
+  echo "[setup_env] building .venv-$name from $req${constrain[*]:+ with $lock as constraints}"
   enough_disk "$name"
   "$PYTHON" -m venv "$venv"
   if [[ "$name" == cpu || "$name" == conformance ]]; then cpu_torch "$venv"; fi
-  pipq "$venv" -r "$req"
+  pipq "$venv" -r "$req" "${constrain[@]}"
   if [[ "$name" != sglang && "$name" != vllm ]]; then
     pipq "$venv" --no-deps -e "$ROOT"
   fi
