@@ -39,12 +39,12 @@ pipq() {  # pip with one line per download/install step (first builds take minut
 
 # torch from PyTorch's CPU index (requirements/cpu-torch.txt) unless pip already sees a local CPU
 # wheel: PyPI's torch for Linux is the CUDA build (GBs of nvidia-* wheels) a CPU machine does not need.
-cpu_torch() {
-  local venv="$1" spec; spec="$(grep -E '^torch==' requirements/cpu-torch.txt)"
+cpu_torch() {  # cpu_torch VENV [pip constraint arguments]
+  local venv="$1" spec; shift; spec="$(grep -E '^torch==' requirements/cpu-torch.txt)"
   if "$venv/bin/pip" download --no-deps --no-index -q -d "$(mktemp -d)" "$spec" >/dev/null 2>&1; then
-    pipq "$venv" "$spec"
+    pipq "$venv" "$spec" "$@"
   else
-    pipq "$venv" -r requirements/cpu-torch.txt
+    pipq "$venv" -r requirements/cpu-torch.txt "$@"
   fi
 }
 
@@ -94,7 +94,7 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
   echo "[setup_env] building .venv-$name from $req${constrain[*]:+ with $lock as constraints}"
   enough_disk "$name"
   "$PYTHON" -m venv "$venv"
-  if [[ "$name" == cpu || "$name" == conformance ]]; then cpu_torch "$venv"; fi
+  if [[ "$name" == cpu || "$name" == conformance ]]; then cpu_torch "$venv" "${constrain[@]}"; fi
   pipq "$venv" -r "$req" "${constrain[@]}"
   if [[ "$name" != sglang && "$name" != vllm ]]; then
     pipq "$venv" --no-deps -e "$ROOT"
