@@ -122,8 +122,10 @@ class SFTConfig:
     data_root: str = ""  # shard paths that are not absolute are relative to this folder
     max_length: int = 8192  # longest tokenised row (or packed bin); longer rows are skipped and counted
     packing: bool = True  # pack rows into max_length bins (per-sequence M-RoPE positions)
-    per_device_batch_size: int = 4  # rows per micro-batch (padded) or packed bins per micro-batch
-    grad_accum: int = 1  # micro-batches per optimizer step
+    # Per rank per optimizer step: packed bins (packing; each bin one forward/backward, the loss over the
+    # step's supervised tokens, as the release's batch of 4 packs) or rows of one padded micro-batch.
+    per_device_batch_size: int = 4
+    grad_accum: int = 1  # repeats of the above per optimizer step (the lr schedule counts optimizer steps)
     max_steps: int = 500  # optimizer steps to train (the schedule may be planned longer: optim.schedule_steps)
     save_every: int = 100  # checkpoint every N steps
     keep_last: int = 2  # complete checkpoints kept on disk

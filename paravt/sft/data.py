@@ -15,6 +15,11 @@
 * Streaming greedy packer (:class:`PackedStream`): rows are taken in a seeded order and
   added to a bin until the next one does not fit; its cursor (the first row not yet
   consumed) is all a checkpoint needs to resume the exact same bins.
+* A step (:meth:`PackedStream.step_batches`): with packing, ``batch_size`` packs per rank per
+  optimizer step (times ``grad_accum``), as the release's loader batches
+  ``per_device_train_batch_size`` packs; each pack is its own micro-batch (one forward and
+  backward at a time, so memory is that of one pack) and the trainer normalises the loss over
+  the supervised tokens of the whole step, which gives the gradient of the batch of packs.
 """
 
 from __future__ import annotations
@@ -233,8 +238,8 @@ class StreamState:
 class PackedStream:
     """Deterministic stream of micro-batches (lists of Examples) for one data-parallel rank.
 
-    ``pack=True``: greedy bins of at most ``max_length`` tokens; ``pack=False``: ``batch_size``
-    examples per micro-batch."""
+    ``pack=True``: greedy bins of at most ``max_length`` tokens, ``batch_size`` of them a step
+    (:meth:`step_batches`); ``pack=False``: ``batch_size`` examples per micro-batch."""
 
     rows: list[SFTRow]
     build: Callable[[SFTRow], Example]
@@ -249,6 +254,12 @@ class PackedStream:
 
     def _share(self, epoch: int) -> list[int]:
         return epoch_order(len(self.rows), self.seed, epoch)[self.rank::self.world_size]
+
+    def step_batches(self, grad_accum: int = 1) -> list[list[Example]]:
+        """The micro-batches of one optimizer step on this rank: with packing ``grad_accum`` x
+        ``batch_size`` packs, one per micro-batch; without, ``grad_accum`` micro-batches of
+        ``batch_size`` rows."""
+        return [self.next_batch() for _ in range(grad_accum * (self.batch_size if self.pack else 1))]
 
     def next_batch(self) -> list[Example]:
         batch: list[Example] = []

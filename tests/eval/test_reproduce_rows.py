@@ -1,7 +1,8 @@
 """reproduce_paper.sh / paravt.eval.reproduce: a user's checkpoint is one row of its own beside the
 paper's; rows without a model are skipped with their line and never borrow another checkpoint;
 model= for every row is refused; the user's overrides win over the protocol (and the table says so);
-cells that lost samples are marked and fail the run."""
+cells that lost samples are marked and fail the run; a cell whose config does not build stops the run
+before any model loads."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ def _capture_rows(monkeypatch):
 
 def test_your_checkpoint_is_its_own_row(monkeypatch, tmp_path, capsys):
     ran = _capture_rows(monkeypatch)
-    assert reproduce.main(["--row", "mine", "--model", "/ckpt/mine", "--out", str(tmp_path)]) == 0
+    assert reproduce.main(["--row", "mine", "--model", "/ckpt/mine", "--out", str(tmp_path), "backend=openai"]) == 0
     assert [r["row"] for r in ran] == ["mine"] and ran[0]["model"] == "/ckpt/mine"
     assert ran[0]["prompt_mode"] == "agentic_general" and ran[0]["charades"]["prompt_mode"] == "agentic_minimal"
     table = (tmp_path / "table.md").read_text()
-    assert "| mine |" in table and "| paravt-8b |" in table and "[paper 69.4]" in table  # beside the paper's
+    assert "| paravt-8b | videomme_sub | 69.4 | W, V, P | n.a. |" in table  # beside the paper's
 
 
 def test_model_for_every_row_is_refused(tmp_path, capsys):
@@ -66,7 +67,8 @@ def test_the_users_overrides_win_over_the_protocol_and_the_row():
 
 def test_a_protocol_change_is_warned_and_noted_in_the_table(monkeypatch, tmp_path, capsys):
     _capture_rows(monkeypatch)
-    assert reproduce.main(["--row", "mine", "--model", "/ckpt/mine", "--out", str(tmp_path), "nframes=32"]) == 0
+    assert reproduce.main(["--row", "mine", "--model", "/ckpt/mine", "--out", str(tmp_path), "backend=openai",
+                           "nframes=32"]) == 0
     assert "nframes=32 (paper: 64) departs from the paper's protocol" in capsys.readouterr().err
     assert "Not the paper's protocol: nframes=32 (paper: 64)" in (tmp_path / "table.md").read_text()
 
@@ -104,6 +106,14 @@ def test_cells_that_lost_samples_are_marked_and_fail_the_run(monkeypatch, tmp_pa
     assert "40.0 (lost 3/10)" in table and "| mine | 50.0 |" in table
     # the claims about paravt-8b are checked on the user's row too
     assert "(mine) |" in table
+
+
+def test_a_cell_that_cannot_run_stops_before_any_model_loads(monkeypatch, tmp_path, capsys):
+    ran = _capture_rows(monkeypatch)
+    assert reproduce.main(["--row", "paravt-8b", "--out", str(tmp_path)]) == 2  # video_url needs a server
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ran == [] and len(err) == 1
+    assert err[0].startswith("error: configs/eval/paper_table1.yaml: row paravt-8b, split charades_sta: channel=video_url")
 
 
 def test_a_resume_with_other_settings_is_one_line(monkeypatch, tmp_path, capsys):
