@@ -1,6 +1,7 @@
-"""Lock files of the GPU stage environments: written by a real resolver (``uv pip compile``) for the
-machines they run on (Linux x86_64, CPython 3.11), checked against their requirement files from the
-files alone, and compared with a fresh resolution on a maintainer's request.
+"""Lock files of the environments the project builds (the GPU stages and the CPU-side ones CI builds): written
+by a real resolver (``uv pip compile``) for the machines they run on (Linux x86_64, CPython 3.11), checked
+against their requirement files from the files alone, and compared with a fresh resolution on a
+maintainer's request.
 
     python scripts/lock_requirements.py --verify        # CI: the locks against the requirement files, no index
     python scripts/lock_requirements.py --check         # a maintainer: drift against a fresh resolution
@@ -199,16 +200,17 @@ def uv() -> str:
 
 
 def cpu_torch(req_dir: Path, index: list[str], tmp: str) -> list[str]:
-    """uv's arguments that make the CPU build of torch (requirements/cpu-torch.txt) the one resolved: an
-    override to its version, and where its wheel is: a local wheel folder pip already uses, else PyTorch's CPU index."""
+    """uv's arguments that make the CPU build of torch (requirements/cpu-torch.txt) the one resolved: a
+    constraint to its version (every package's own torch requirement still holds), and where its wheel is: a
+    local wheel folder pip already uses, else PyTorch's CPU index."""
     spec = next(line.strip() for line in (req_dir / "cpu-torch.txt").read_text().splitlines() if line.startswith("torch=="))
-    override = Path(tmp) / "cpu-torch-override.txt"
-    override.write_text(spec + "\n")
+    constraint = Path(tmp) / "cpu-torch-constraint.txt"
+    constraint.write_text(spec + "\n")
     wheel = f"torch-{spec.split('==', 1)[1]}-cp311-"
     local = [d for d in os.environ.get("PIP_FIND_LINKS", "").split() if Path(d).is_dir()
              and any(f.name.startswith(wheel) for f in Path(d).iterdir())]
     where = ["--find-links", local[0]] if local else ["--extra-index-url", PYTORCH_CPU]
-    return ["--override", str(override), *([] if "--no-index" in index else where)]
+    return ["--constraint", str(constraint), *([] if "--no-index" in index else where)]
 
 
 def resolve(stage: str, req_path: Path, date: str, index: list[str]) -> str:
