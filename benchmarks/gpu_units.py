@@ -18,8 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from paravt.models import vision_attention  # noqa: E402
 from paravt.models.loading import enable_activation_checkpointing  # noqa: E402
 
+
+FAST_VISION = True  # the project's vision path (batched attention, linear patch embedding); set by gpu_check
 
 # ---------------------------------------------------------------------------------------------- setup
 def _device():
@@ -90,6 +93,8 @@ def _model(cfg, dev, dtype, attn: str, seed: int = 0):
     torch.manual_seed(seed)
     with torch.device(dev):
         m = Qwen3VLForConditionalGeneration._from_config(cfg, dtype=dtype, attn_implementation=attn)
+    if FAST_VISION:  # gpu_check --vision per_frame: transformers' own vision attention, for before/after
+        vision_attention.install(m)  # as load_model does: batched vision attention, linear patch embedding
     return m
 
 
@@ -154,14 +159,20 @@ def part_numerics(a, tmp: Path) -> dict:
         logp, _ = forward_logps(trainer, ids + out.token_ids, images, proc, cfg.image_token_id, vision, 1.0, dev)
     mine = logp[len(ids) - 1: len(ids) - 1 + len(out.token_ids)].double().cpu()
     delta = mine - torch.tensor(out.logprobs, dtype=torch.float64)
-    ratio = delta.exp()
+    ratio = delta.exp()  # with ppo_minibatches 1: the behaviour weight w = exp(prox - behav) the loss applies
     q = torch.quantile(ratio, torch.tensor([0.001, 0.01, 0.5, 0.99, 0.999], dtype=torch.float64)).tolist()
+    from paravt.rl.grpo import WeightStats
+
+    ws = WeightStats()
+    ws.add(delta, 5.0)  # the recipes' behav_imp_weight_cap
+    behav_weight = {k.split("/", 1)[1]: v for k, v in ws.metrics().items()}
     return {"text_layers": cfg.text_config.num_hidden_layers, "prompt_tokens": len(ids),
             "answer_tokens": len(out.token_ids), "generate_s": round(t_gen, 1),
             "abs_delta_max": float(delta.abs().max()), "abs_delta_mean": float(delta.abs().mean()),
             "abs_delta_q50_q99": torch.quantile(delta.abs(), torch.tensor([0.5, 0.99], dtype=torch.float64)).tolist(),
             "ratio_std": float(ratio.std()), "ratio_q001_q01_q50_q99_q999": q,
-            "ratio_outside_clip_0.2": float(((ratio - 1).abs() > 0.2).double().mean()),
+            "ratio_outside_clip_0.2": float(((ratio - 1).abs() > 0.2).double().mean()),  # information only
+            "behav_weight": behav_weight,  # what the gate reads: w's quantiles, share over the cap 5, ESS
             "what": "trainer (FSDP2 bf16 mixed, fp32 master) minus engine (bf16 generate) logprob of each sampled token"}
 
 
@@ -257,55 +268,18 @@ def _sft_step_timing(cfg, proc, video, dev, d, attn: str, steps: int, pack_token
     step = _sft_steps(model, dev, d, lambda: {k: v.to(dev) for k, v in collate_packed(
         examples, proc, cfg.image_token_id, rope_index).items()}, steps)
     del model
-    patches = sum(int(e.images.tensors(proc)[1].prod(-1).sum()) for e in examples)
+    from paravt.models.reference_shapes import vision_train_flops
+
+    grids = [g for e in examples for g in e.images.tensors(proc)[1].tolist()]
+    vf = vision_train_flops(cfg.vision_config, grids)
+    patches = int(vf["patches"])
     return {"text_layers": cfg.text_config.num_hidden_layers, "pack_tokens": total, "examples": len(examples),
             "vision_params": vision_params, "vision_patches_per_step": patches,
-            "vision_flops_per_step": 6.0 * vision_params * patches,
+            # per layer on the tokens it sees (mergers on a quarter of the patches, attention per frame)
+            "vision_flops_per_step": vf["total"], "vision_flops_by_part": {k: v for k, v in vf.items() if k != "total"},
+            "vision_flops_per_step_6np": 6.0 * vision_params * patches,  # the older count, for comparison
             "step_s": round(step, 4), "tokens_per_s": round(total / step, 1), "peak_gb": _peak_gb(dev),
             "flops_per_token": _text_flops_per_token(cfg, total // len(examples))}
-
-
-def _rl_step_timing(cfg, proc, video, dev, d, attn: str, samples: int, answer: int) -> dict:
-    import torch
-
-    from paravt.models import parallel
-    from paravt.models.tokenize import vision_token_ids
-    from paravt.rl.grpo import ppo_token_loss
-    from paravt.rl.logps import forward_logps
-
-    _reset_peak(dev)
-    model = _model(cfg, dev, torch.float32, attn)
-    enable_activation_checkpointing(model)
-    model.config.use_cache = False
-    model = parallel.wrap_fsdp2(model, d, torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, **parallel.adamw_kwargs(dev))
-    ids, images = _overview(proc, video)
-    vision = torch.tensor(vision_token_ids(proc.tokenizer), dtype=torch.long)
-    g = torch.Generator().manual_seed(0)
-    seqs = [ids + torch.randint(10, min(1000, cfg.text_config.vocab_size), (answer,), generator=g).tolist()
-            for _ in range(samples)]
-    model.train()
-    times = []
-    for i in range(2):
-        _sync(dev)
-        t0 = time.perf_counter()
-        for j, seq in enumerate(seqs):
-            mask = torch.zeros(len(seq) - 1, dtype=torch.bool, device=dev)
-            mask[len(ids) - 1:] = True
-            logp, _ = forward_logps(model, seq, images, proc, cfg.image_token_id, vision, 0.7, dev)
-            behav = logp.detach()
-            adv = torch.full_like(logp, 1.0 if j % 2 else -1.0)
-            out = ppo_token_loss(logp, behav, behav, None, adv, mask, 0.2, 0.0, 5.0)
-            (out.loss_sum / (samples * answer)).backward()
-        parallel.clip_grad_norm(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(dev)
-        times.append(time.perf_counter() - t0)
-    res = {"samples": samples, "tokens_per_sample": len(seqs[0]), "step_s": round(times[-1], 3),
-           "first_step_s": round(times[0], 3), "peak_gb": _peak_gb(dev)}
-    del model, opt
-    return res
 
 
 def _text_config(cfg, layers: int, seq: int):
@@ -372,13 +346,6 @@ def unit_reference_packed(a, tmp: Path) -> dict:
     proc, video = _assets(tmp, a.small)
     return _packed_reference_timing(_config(proc, a.layers, a.small), proc, video, dev, d, a.attn, a.steps,
                                     a.pack_tokens)
-
-
-def unit_rl_step(a, tmp: Path) -> dict:
-    dev, d = _device(), _dist()
-    proc, video = _assets(tmp, a.small)
-    return _rl_step_timing(_config(proc, a.layers, a.small), proc, video, dev, d, a.attn, a.rl_samples,
-                           a.answer_tokens)
 
 
 def _load_like_run_rl(path: str, out: str) -> None:

@@ -2,8 +2,9 @@
 # The 8B path on one GPU, offline, in one command (<= 9 min on one H100/H200, inside one 600 s device call):
 #   bash scripts/gpu_check.sh [OUT_DIR]            (default runs/gpu_check)
 # 1. benchmarks/gpu_check.py: bf16 numerics (engine vs trainer logprobs at the recipe's lengths, 8B width),
-#    the SFT and RL steps at Qwen3-VL-8B's width against a plain transformers reference, start-up and the
-#    weight push at 8B size; each measurement in its own process with its own timeout, written as it ends;
+#    the SFT and RL steps at Qwen3-VL-8B's width against a plain transformers reference (vision FLOPs per
+#    layer on the tokens each sees), the vision tower alone with per-frame and batched attention, start-up
+#    and the weight push at 8B size; each measurement in its own process with its own timeout, written as it ends;
 # 2. tests/gpu: SFT (bf16, FSDP2 mixed precision, gradient checkpointing), RL through run_rl.sh (2 steps,
 #    in-process engine on CUDA), eval with sub-agents, SGLang when .venv-sglang exists.
 # The figures come first: they are what a rarely lent GPU is for, and a slow test cannot take their time.

@@ -50,7 +50,13 @@ def test_gpu_check_figures_run_end_to_end_at_tiny_width(tmp_path):
     start = json.loads((out / "startup.json").read_text())
     assert start["push_buckets"] >= 1 and start["export_bytes"] > 0 and start["host_peak_rss_gb"] > 0
     units = {f.stem for f in (out / "units").glob("*.json")}
-    assert units == {"numerics", "sft_1_layers", "sft_2_layers", "reference", "reference_packed", "rl_step", "startup"}
+    assert units == {"numerics", "sft_1_layers", "sft_2_layers", "reference", "reference_packed", "rl_step", "vision",
+                     "startup"}
+    assert num["behav_weight"]["behav_weight_ess"] > 0 and "behav_weight_p50" in num["behav_weight"]
+    assert width["vision"]["batched_s"] > 0 and width["vision"]["per_frame_s"] > 0
+    assert width["rl_step"]["forwards"] == 1 and width["rl_step"]["tokens_per_s"] > 0  # the two samples packed
+    sft = width["sft_2_layers"]
+    assert sft["vision_flops_per_step"] < sft["vision_flops_per_step_6np"]  # mergers on a quarter of the patches
     assert width["sft_2_layers"]["vision_flops_per_step"] > 0 and width["sft_vs_reference_flops_per_s_with_vision"] > 0
     packed = width["reference_packed"]
     assert packed["pack_tokens"] == width["sft_2_layers"]["pack_tokens"] and packed["text_layers"] == 2
@@ -80,10 +86,12 @@ def test_card_peaks_and_verdicts():
     assert gc.card_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert gc.card_peak_tflops("NVIDIA H100 PCIe") == 756.0 and gc.card_peak_tflops("NVIDIA H100 NVL") == 835.0
     assert gc.card_peak_tflops("NVIDIA H200") == 989.0 and gc.card_peak_tflops("Some GPU") is None
-    parts = {"numerics": {"abs_delta_q50_q99": [0.01, 0.2], "ratio_outside_clip_0.2": 0.0},
+    parts = {"numerics": {"abs_delta_q50_q99": [0.01, 0.2], "ratio_outside_clip_0.2": 0.5,
+                          "behav_weight": {"behav_weight_over_cap": 0.002, "behav_weight_ess": 0.95}},
              "width": {"rl_step": {"peak_gb": 76.0}, "sft_8_layers": {"peak_gb": 60.0}},
              "startup": {"peak_gpu_gb": 50.0}}
     v = gc.verdicts(parts, 79.1, 4.0)
-    assert v == {"numerics_abs_delta_p99_le_0.1": False, "numerics_outside_clip_le_1pct": True,
+    assert v == {"numerics_abs_delta_p99_le_0.1": False, "numerics_behav_weight_over_cap_le_0.1pct": False,
+                 "numerics_behav_weight_ess_ge_0.9": True,
                  "width.rl_step_peak_fits_card_with_4_gb": False, "width.sft_8_layers_peak_fits_card_with_4_gb": True,
                  "startup_peak_fits_card_with_4_gb": True}

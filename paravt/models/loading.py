@@ -10,7 +10,7 @@ import torch
 
 import paravt.models.processor  # noqa: F401  (registers the image-only processor)
 from paravt.core.config import check_dtype
-from paravt.models import packed_attention
+from paravt.models import packed_attention, vision_attention
 
 packed_attention.register()  # attn_implementation="sdpa_varlen" in every process that loads or builds a model
 
@@ -50,6 +50,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "float32", attn_impl
         raise FileNotFoundError(f"{path} has no config.json: not a saved model directory")
     model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=resolve_dtype(dtype),
                                                         attn_implementation=attn, **kwargs)
+    vision_attention.install(model)  # one attention call per block for frames of one size, linear patch embedding
     if device is not None:
         model.to(device)
     return model

@@ -1,26 +1,45 @@
-"""``sdpa_varlen``: PyTorch SDPA that attends within each packed sequence only.
+"""Varlen text attention for packed rows: ``sdpa_varlen`` (SDPA per sequence) and ``torch_varlen``
+(PyTorch's varlen flash kernel on CUDA).
 
-A packed SFT row holds several sequences one after another; their text positions restart at 0
-(``paravt.sft.data.collate_packed``). With ``sdpa`` transformers turns that into one
-block-diagonal causal mask over the whole row, and the kernel still computes every block of the
-(L × L) score matrix, masked or not: on CPU the text attention of a ~2,000-token pack was most of
-an SFT step. This implementation finds the sequence starts in ``position_ids`` (where a position
-does not follow its left neighbour by one: ``transformers.masking_utils``' own packing detection) and
-runs causal SDPA on each sequence alone: the same attention (masked scores are exactly zero
-weight either way), a cost of Σ len² instead of (Σ len)².
+A packed row holds several sequences one after another; their text positions restart at 0
+(``paravt.sft.data.collate_packed``, the RL trainer's packs). With ``sdpa`` transformers turns that
+into one block-diagonal causal mask over the whole row, builds it as an (L × L) tensor and the kernel
+still computes every block of the score matrix, masked or not: a cost of (Σ len)² instead of Σ len².
 
-Everything else falls back to transformers' own ``sdpa`` path with the mask it built: a batch of
-more than one row, a single sequence, a key/value cache (generation), the vision tower (it splits
-its own windows). It is registered under one name for the attention and for the mask (the sdpa
-mask), so ``attn_implementation="sdpa_varlen"`` selects both; ``default_attn_implementation()``
-picks it where flash-attention-2 is not available.
+:func:`varlen_kwargs` reads the sequence bounds once per batch, on the host, from the row's text
+positions (where a position does not follow its left neighbour by one: ``transformers.masking_utils``'
+own packing detection) and returns the model keywords that carry them: transformers' flash-attention
+varlen keywords (``cu_seq_lens_q/k``, ``max_length_q/k``: what ``flash_attention_2`` reads, and what
+``torch_varlen`` passes to ``torch.nn.attention.varlen.varlen_attn``) and the bounds as Python ints
+(``packed_bounds``, for per-sequence SDPA slicing without a host sync). :func:`packed_call` runs the
+model with them and without the (L × L) mask: while it runs, the mask function registered for these
+names returns no mask for a batch of one row. The keywords travel with the decoder layers' inputs, so
+an activation-checkpointing recompute in backward sees the same bounds.
+
+Without ``packed_bounds`` (generation, padded batches, a caller that passes a pack directly) the
+attention falls back to transformers' SDPA with the mask it built, after detecting a pack in the
+row's positions (one host read per layer: the slow, correct path).
+
+``default_attn_implementation()`` (:mod:`paravt.models.loading`) picks ``flash_attention_2`` where
+flash-attn is installed, else ``sdpa_varlen``. ``torch_varlen`` is opt-in: on CUDA it makes one
+kernel call per layer for the whole pack (bf16/fp16); elsewhere it is ``sdpa_varlen``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Any
+
 import torch
 
 NAME = "sdpa_varlen"
+TORCH_VARLEN = "torch_varlen"
+BOUNDS_KWARG = "packed_bounds"
+# implementations that attend within each packed sequence at Σ len² cost (plain sdpa/eager: (Σ len)²)
+VARLEN_IMPLEMENTATIONS = (NAME, TORCH_VARLEN, "flash_attention_2")
+
+_NO_PACK_MASK: contextvars.ContextVar[bool] = contextvars.ContextVar("paravt_no_pack_mask", default=False)
 
 
 def sequence_starts(position_ids: torch.Tensor) -> list[int]:
@@ -35,36 +54,111 @@ def sequence_starts(position_ids: torch.Tensor) -> list[int]:
     return [0] + torch.cumsum(counts, 0)[:-1].tolist()
 
 
-def sdpa_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                  attention_mask: torch.Tensor | None, dropout: float = 0.0,
-                                  scaling: float | None = None, is_causal: bool | None = None, **kwargs):
-    """transformers' attention-interface signature; q/k/v are (batch, heads, length, head_dim)."""
+def text_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """The text-position row of a batch of one row: ``(4, 1, L)`` Qwen3-VL positions (text row first)
+    or ``(1, L)`` plain positions."""
+    if position_ids.ndim == 3:
+        if position_ids.shape[0] != 4:
+            raise ValueError("packed Qwen3-VL positions must be (4, 1, L): text row + M-RoPE")
+        return position_ids[0, 0]
+    return position_ids.reshape(-1)
+
+
+def varlen_kwargs(position_ids: torch.Tensor, device: torch.device | str | None = None) -> dict[str, Any]:
+    """The keywords that carry one packed row's sequence bounds to every attention layer, computed once
+    (one host read of the positions)."""
+    pos = text_positions(position_ids.detach().cpu())
+    starts = sequence_starts(pos)
+    bounds = tuple(starts) + (int(pos.numel()),)
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device if device is not None else position_ids.device)
+    longest = max(e - s for s, e in zip(bounds, bounds[1:]))
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
+            BOUNDS_KWARG: bounds}
+
+
+@contextlib.contextmanager
+def no_pack_mask():
+    """While inside, the mask functions of ``sdpa_varlen``/``torch_varlen`` build no mask for a batch of
+    one row (the attention reads ``packed_bounds`` instead). Per thread (a context variable)."""
+    token = _NO_PACK_MASK.set(True)
+    try:
+        yield
+    finally:
+        _NO_PACK_MASK.reset(token)
+
+
+def packed_call(model, **inputs):
+    """``model(**inputs)`` for one packed row (``position_ids`` required): bounds once, no (L × L) mask."""
+    kw = varlen_kwargs(inputs["position_ids"], inputs["input_ids"].device)
+    inputs.pop("attention_mask", None)
+    with no_pack_mask():
+        return model(**inputs, **kw)
+
+
+def _mask(*args, batch_size: int = 1, **kwargs):
+    from transformers.masking_utils import sdpa_mask  # noqa: PLC0415
+
+    if _NO_PACK_MASK.get() and batch_size == 1:
+        return None
+    return sdpa_mask(*args, batch_size=batch_size, **kwargs)
+
+
+def _per_sequence(module, query, key, value, bounds, dropout, scaling, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: PLC0415
 
-    position_ids = kwargs.get("position_ids")
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    length = query.shape[2]
-    starts = None
-    if (position_ids is not None and causal and query.shape[0] == 1 and key.shape[2] == length
-            and position_ids.numel() == length):
-        starts = sequence_starts(position_ids)
-    if starts is None or len(starts) < 2:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    kwargs.pop("position_ids", None)
     outs = []
-    for s, e in zip(starts, starts[1:] + [length]):
+    for s, e in zip(bounds, bounds[1:]):
         out, _ = sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
                                         dropout=dropout, scaling=scaling, is_causal=True, **kwargs)
         outs.append(out)  # (batch, len, heads, head_dim)
-    return torch.cat(outs, dim=1), None
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+def _torch_varlen(module, query, key, value, kwargs, scaling):
+    """One ``varlen_attn`` call over the whole row: q/k/v (1, heads, L, d) -> (1, L, heads, d)."""
+    from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415
+
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (L, heads, d)
+    out = varlen_attn(q, k.contiguous(), v.contiguous(), kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
+                      kwargs["max_length_q"], kwargs["max_length_k"], scale=scaling, window_size=(-1, 0),
+                      enable_gqa=q.shape[1] != k.shape[1])
+    return out[None]
+
+
+def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                             is_causal: bool | None = None, **kwargs):
+    """transformers' attention-interface signature; q/k/v are (batch, heads, length, head_dim)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: PLC0415
+
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    length = query.shape[2]
+    single_row = causal and query.shape[0] == 1 and key.shape[2] == length
+    bounds = kwargs.pop(BOUNDS_KWARG, None)
+    if bounds is not None and single_row and bounds[-1] == length:
+        kwargs.pop("position_ids", None)
+        if (getattr(module.config, "_attn_implementation", None) == TORCH_VARLEN and query.is_cuda
+                and query.dtype in (torch.bfloat16, torch.float16) and "cu_seq_lens_q" in kwargs):
+            return _torch_varlen(module, query, key, value, kwargs, scaling), None
+        return _per_sequence(module, query, key, value, bounds, dropout, scaling, **kwargs), None
+    position_ids = kwargs.get("position_ids")
+    if single_row and position_ids is not None and position_ids.numel() == length:
+        starts = sequence_starts(position_ids)  # no bounds given: detect a pack (a host read per layer)
+        if len(starts) > 1:
+            kwargs.pop("position_ids", None)
+            return _per_sequence(module, query, key, value, tuple(starts) + (length,), dropout, scaling,
+                                 **kwargs), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
 
 
 def register() -> str:
-    """Make ``attn_implementation="sdpa_varlen"`` known to transformers (idempotent); returns the name."""
+    """Make ``attn_implementation="sdpa_varlen"`` and ``"torch_varlen"`` known to transformers (idempotent);
+    returns the default name."""
     from transformers import AttentionInterface  # noqa: PLC0415
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: PLC0415
+    from transformers.masking_utils import AttentionMaskInterface  # noqa: PLC0415
 
-    AttentionInterface.register(NAME, sdpa_varlen_attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    for name in (NAME, TORCH_VARLEN):
+        AttentionInterface.register(name, varlen_attention_forward)
+        AttentionMaskInterface.register(name, _mask)
     return NAME

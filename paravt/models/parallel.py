@@ -91,6 +91,16 @@ def all_reduce_sum(x: float | int | torch.Tensor) -> float:
     return float(t.item())
 
 
+def all_reduce_sum_tensor(t: torch.Tensor) -> torch.Tensor:
+    """Element-wise sum of a float64 vector over the ranks (one collective), returned on the CPU."""
+    t = t.to(torch.float64).clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
+        dist.all_reduce(t)
+    return t.cpu()
+
+
 def all_reduce_max(x: float | int | torch.Tensor) -> float:
     t = torch.as_tensor(x, dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -182,6 +192,7 @@ def load_fsdp2(path: str | Path, dist_info: DistInfo, *, dtype: str = "float32",
     the state dict (rotary frequencies) come from rank 0 too. ``prepare(model)`` runs before
     sharding (gradient checkpointing, config flags). One rank, or ``sharded=False``: the model is
     loaded whole on each rank and wrapped (the same weights, bitwise)."""
+    from paravt.models import vision_attention  # noqa: PLC0415
     from paravt.models.loading import load_model, resolve_dtype  # noqa: PLC0415
 
     if dist_info.world_size == 1 or not sharded:
@@ -199,6 +210,7 @@ def load_fsdp2(path: str | Path, dist_info: DistInfo, *, dtype: str = "float32",
         model = AutoModelForImageTextToText.from_config(config, dtype=resolve_dtype(dtype),
                                                         attn_implementation=full.config._attn_implementation
                                                         if full is not None else attn_implementation)
+    vision_attention.install(model)
     if prepare is not None:
         prepare(model)
     wrap_fsdp2(model, dist_info, compute_dtype, reshard_after_forward)

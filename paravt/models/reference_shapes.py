@@ -35,3 +35,28 @@ def param_shapes(config) -> list[tuple[str, tuple[int, ...]]]:
     with torch.device("meta"):
         m = AutoModelForImageTextToText.from_config(config)
     return [(n, tuple(p.shape)) for n, p in m.named_parameters()]
+
+
+def vision_train_flops(vision_config, grids) -> dict[str, float]:
+    """FLOPs of one training step (forward + backward = 3 × forward, 2 × for the patch embedding, whose
+    input needs no gradient; activation recompute not counted, as MFU counts) of the Qwen3-VL vision tower on images/videos of ``grids`` ((t, h, w) patches each),
+    per layer on the tokens that layer sees: the patch embedding and the blocks on every patch (the
+    attention within each frame: 4·d·n² a frame of n patches, forward), the merger and each deepstack
+    merger on the merged tokens (a ``spatial_merge_size²`` of the patches). Matmuls only (norms,
+    activations and biases are < 1%)."""
+    v = vision_config
+    d, inter, out = v.hidden_size, v.intermediate_size, v.out_hidden_size
+    m = v.spatial_merge_size ** 2
+    p_in = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
+    frames = [(int(t), int(h) * int(w)) for t, h, w in grids]
+    n = sum(t * hw for t, hw in frames)
+    sq = sum(t * hw * hw for t, hw in frames)
+    fwd = {"patch_embed": 2.0 * p_in * d * n,
+           "blocks": v.depth * 2.0 * (4 * d * d + 2 * d * inter) * n,
+           "attention": v.depth * 4.0 * d * sq,
+           "mergers": (1 + len(v.deepstack_visual_indexes)) * 2.0 * ((d * m) ** 2 + d * m * out) * (n / m)}
+    res = {k: 3.0 * x for k, x in fwd.items()}
+    res["patch_embed"] = 2.0 * fwd["patch_embed"]  # no gradient for the pixels: forward + weight gradient
+    res["total"] = sum(res.values())
+    res["patches"] = float(n)
+    return res

@@ -116,6 +116,10 @@ class GRPOConfig:
     kl_mode: str = "reward_k1"  # reward_k1 (the release: per-token k1 penalty in the reward) | loss_k3
     adv_norm_level: str = "token"  # token (the release: over policy tokens) | sequence
     behav_imp_weight_cap: float | None = 5.0  # decoupled loss: drop tokens whose behaviour importance weight exceeds this (null: off)
+    # Rollout correction of the behaviour weight w = exp(prox - behav), opt-in (off in the release):
+    rollout_is: str | None = None  # truncated importance sampling: token (min(w_t, C)) | sequence (min(prod w_t, C)) | null
+    rollout_rs: str | None = None  # rejection: token (mask w_t outside [1/C, C]) | sequence (geometric mean outside) | null
+    rollout_corr_cap: float = 2.0  # C of both
     ppo_minibatches: int = 1  # optimizer steps per RL step
     max_staleness: int = 2  # rollouts may be this many policy versions old (0 = synchronous)
 
@@ -130,6 +134,14 @@ class GRPOConfig:
             raise ValueError("grpo.ppo_minibatches >= 1 and grpo.max_staleness >= 0 required")
         if self.kl_mode not in ("reward_k1", "loss_k3"):
             raise ValueError(f"grpo.kl_mode must be reward_k1 or loss_k3, got {self.kl_mode!r}")
+        for k in ("rollout_is", "rollout_rs"):
+            if getattr(self, k) not in (None, "token", "sequence"):
+                raise ValueError(f"grpo.{k} must be token, sequence or null, got {getattr(self, k)!r}")
+        if self.rollout_corr_cap <= 1:
+            raise ValueError(f"grpo.rollout_corr_cap must be > 1, got {self.rollout_corr_cap}")
+        if (self.rollout_is or self.rollout_rs) and self.behav_imp_weight_cap is None:
+            raise ValueError("grpo.rollout_is / rollout_rs correct the behaviour weight, which "
+                             "grpo.behav_imp_weight_cap=null turns off")
         if self.adv_norm_level not in ("token", "sequence"):
             raise ValueError(f"grpo.adv_norm_level must be token or sequence, got {self.adv_norm_level!r}")
 
@@ -209,14 +221,20 @@ class RolloutConfig:
 class TrainerConfig:
     strategy: str = "fsdp2"  # fsdp2 | none
     dtype: str = "bfloat16"  # compute dtype (master weights fp32)
-    attn_implementation: str | None = None  # sdpa | flash_attention_2 | eager (null: flash-attn on CUDA if installed)
+    attn_implementation: str | None = None  # sdpa_varlen | torch_varlen | sdpa | flash_attention_2 | eager (null: flash-attn where installed, else sdpa_varlen)
     gradient_checkpointing: bool = True  # recompute activations in backward
+    # RL forwards pack consecutive samples (a prompt group's rollouts) into rows of at most this many tokens,
+    # each distinct image encoded once per pack; 0: one forward per sample. The default is the 8B recipes'
+    # context limit, so a pack is never longer than the longest single sample a run allows.
+    pack_tokens: int = 32768
     # fsdp2: build on the meta device, rank 0 reads the checkpoint, each rank receives only its shards
     # (one host copy, a rank's peak = its shards + one parameter). false: every rank loads the whole model.
     sharded_init: bool = True
 
     def __post_init__(self):
         check_dtype(self.dtype)
+        if self.pack_tokens < 0:
+            raise ValueError(f"trainer.pack_tokens must be >= 0, got {self.pack_tokens}")
         if self.strategy not in ("fsdp2", "none"):
             raise ValueError(f"trainer.strategy must be fsdp2 or none, got {self.strategy!r}")
 
@@ -311,7 +329,7 @@ class RLConfig:
     def needs_cuda(self) -> str | None:
         """Why this recipe cannot run without CUDA (None: it can)."""
         r = self.rollout
-        if r.engine == "sglang":
+        if r.engine == "sglang" and r.replicas:  # launching SGLang needs GPUs; servers reached by rollout.urls do not
             return "rollout.engine=sglang runs on GPUs only"
         if r.engine == "vllm" and r.vllm.gpus:
             return f"rollout.vllm.gpus={r.vllm.gpus} (the CPU build takes gpus=[])"

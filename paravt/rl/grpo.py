@@ -119,6 +119,9 @@ def normalize_with(adv: torch.Tensor, mask: torch.Tensor, total: float, total_sq
     return ((adv - mean) / (var ** 0.5 + eps)) * mask.to(adv.dtype)
 
 
+CORR_LEVELS = (None, "token", "sequence")
+
+
 @dataclass
 class LossOutput:
     loss_sum: torch.Tensor  # summed over the policy tokens of this micro-batch (divide by the global count)
@@ -127,27 +130,70 @@ class LossOutput:
     dropped: int  # tokens over the behaviour-weight cap
     kl_sum: float
     ratio_sum: float
+    log_w: torch.Tensor | None = None  # log behaviour weight (prox - behav) of each policy token (detached)
+    truncated: int = 0  # rollout correction: tokens whose weight was truncated at C
+    rejected: int = 0  # rollout correction: tokens masked because their weight left [1/C, C]
+
+
+def rollout_correction(log_w: torch.Tensor, mask: torch.Tensor, is_level: str | None, rs_level: str | None,
+                       cap: float) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The opt-in rollout correction of one sequence's behaviour weights w = exp(prox − behav).
+
+    ``is_level`` (truncated importance sampling): ``token`` → min(w_t, C) per token; ``sequence`` →
+    min(∏ w_t, C) over the sequence's policy tokens, the same weight for each. ``rs_level`` (rejection):
+    ``token`` masks the tokens whose w_t leaves [1/C, C]; ``sequence`` masks the whole sequence when
+    its geometric-mean weight exp(mean log w_t) does. Returns (weight per token, keep mask, truncated
+    tokens, rejected tokens); with both levels None the weight is w and nothing is masked."""
+    if is_level not in CORR_LEVELS or rs_level not in CORR_LEVELS:
+        raise ValueError(f"rollout correction levels must be token, sequence or None, got {is_level}, {rs_level}")
+    m = mask.bool()
+    lw = log_w.detach() * m
+    log_c = float(torch.log(torch.tensor(cap, dtype=torch.float64)))
+    weight = lw.exp()
+    truncated = 0
+    if is_level == "token":
+        truncated = int(((lw > log_c) & m).sum())
+        weight = torch.clamp(lw, max=log_c).exp()
+    elif is_level == "sequence":
+        total = lw.sum()
+        truncated = int(m.sum()) if float(total) > log_c else 0
+        weight = torch.full_like(lw, float(torch.clamp(total, max=log_c).exp()))
+    keep = m.clone()
+    if rs_level == "token":
+        keep = keep & (lw.abs() <= log_c)
+    elif rs_level == "sequence":
+        n = int(m.sum())
+        if n and abs(float(lw.sum()) / n) > log_c:
+            keep = torch.zeros_like(keep)
+    return weight, keep, truncated, int((m & ~keep).sum())
 
 
 def ppo_token_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behav_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                    adv: torch.Tensor, mask: torch.Tensor, clip_eps: float = 0.2, kl_coef: float = 0.01,
-                   behav_cap: float | None = 5.0, token_weight: torch.Tensor | None = None) -> LossOutput:
+                   behav_cap: float | None = 5.0, token_weight: torch.Tensor | None = None,
+                   is_level: str | None = None, rs_level: str | None = None, corr_cap: float = 2.0) -> LossOutput:
     """Decoupled clipped surrogate + k3 KL, summed over masked tokens.
 
-    All tensors are per token (same shape); ``adv`` is broadcast per sequence by the caller.
-    ``token_weight`` (optional) multiplies each token's surrogate (GTR: c on thought tokens)."""
+    All tensors are per token of one sequence (same shape); ``adv`` is broadcast per sequence by the caller.
+    ``token_weight`` (optional) multiplies each token's surrogate (GTR: c on thought tokens).
+    ``is_level`` / ``rs_level`` / ``corr_cap``: the opt-in rollout correction (:func:`rollout_correction`)
+    of the behaviour weight, applied where the loss uses it (``behav_cap`` not None)."""
     mask = mask.bool()
     ratio = torch.exp(logp - prox_logp)
     surr1 = ratio * adv
     surr2 = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
     pg = -torch.minimum(surr1, surr2)
     keep = mask.clone()
-    dropped = 0
+    dropped = truncated = rejected = 0
+    log_w = (prox_logp - behav_logp).detach()
     if behav_cap is not None:
-        w = torch.exp(prox_logp - behav_logp).detach()
+        w = torch.exp(log_w)
         over = (w > behav_cap) & mask
         dropped = int(over.sum())
         keep = keep & ~over
+        if is_level is not None or rs_level is not None:
+            w, rs_keep, truncated, rejected = rollout_correction(log_w, mask, is_level, rs_level, corr_cap)
+            keep = keep & rs_keep
         pg = pg * w
     if token_weight is not None:
         pg = pg * token_weight.detach()
@@ -160,4 +206,44 @@ def ppo_token_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behav_logp: torc
         kl_sum = float((kl.detach() * keep).sum())
     clipped = int(((((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + clip_eps) & (adv > 0))) & keep).sum())
     return LossOutput((loss * keep).sum(), int(keep.sum()), clipped, dropped, kl_sum,
-                      float((ratio.detach() * keep).sum()))
+                      float((ratio.detach() * keep).sum()), log_w[mask], truncated, rejected)
+
+
+class WeightStats:
+    """The behaviour weight w = exp(prox − behav) over a step's policy tokens, as the numerics gate reads
+    it: mean, quantiles, the share above the loss's cap and the effective sample size
+    (Σw)² / (n·Σw²) (1 = uniform weights). Quantiles come from a histogram of log w (bins of
+    ``1 / bins_per_nat`` nats over ±``span`` nats, the end bins open), so ranks add their counts."""
+
+    def __init__(self, span: float = 8.0, bins_per_nat: int = 500):
+        self.span, self.per = span, bins_per_nat
+        self.counts = torch.zeros(int(2 * span * bins_per_nat), dtype=torch.float64)
+        self.sums = torch.zeros(4, dtype=torch.float64)  # n, Σw, Σw², count over the cap
+
+    def add(self, log_w: torch.Tensor, cap: float | None) -> None:
+        lw = log_w.detach().double().cpu()
+        if not lw.numel():
+            return
+        w = lw.exp()
+        idx = ((lw + self.span) * self.per).floor().clamp(0, self.counts.numel() - 1).long()
+        self.counts += torch.bincount(idx, minlength=self.counts.numel()).double()
+        over = float((w > cap).sum()) if cap is not None else 0.0
+        self.sums += torch.tensor([lw.numel(), float(w.sum()), float((w * w).sum()), over], dtype=torch.float64)
+
+    def vector(self) -> torch.Tensor:
+        return torch.cat([self.sums, self.counts])
+
+    def metrics(self, reduced: torch.Tensor | None = None, qs=(0.001, 0.01, 0.5, 0.99, 0.999)) -> dict[str, float]:
+        v = self.vector() if reduced is None else reduced.double().cpu()
+        n, sw, sw2, over = v[:4].tolist()
+        counts = v[4:]
+        if n < 1:
+            return {}
+        out = {"rollout_corr/behav_weight_mean": sw / n, "rollout_corr/behav_weight_over_cap": over / n,
+               "rollout_corr/behav_weight_ess": sw * sw / (n * sw2) if sw2 > 0 else 1.0}
+        cdf = torch.cumsum(counts, 0) / n
+        for q in qs:
+            b = int(torch.searchsorted(cdf, torch.tensor(q, dtype=torch.float64)))
+            log_w = -self.span + (min(b, counts.numel() - 1) + 0.5) / self.per  # the bin's centre
+            out[f"rollout_corr/behav_weight_p{q * 100:g}"] = float(torch.exp(torch.tensor(log_w)))
+        return out

@@ -36,11 +36,13 @@ from paravt.models import parallel
 from paravt.models.stage_main import RunAborted
 from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
                                    resolve_dtype)
+from paravt.models.packed_attention import VARLEN_IMPLEMENTATIONS
 from paravt.models.tokenize import vision_token_ids
 from paravt.models.trainloop import TrainLoop
 from paravt.rl.config import RLConfig
-from paravt.rl.grpo import k1_kl_rewards, masked_moments, normalize_with, ppo_token_loss, token_advantages
+from paravt.rl.grpo import WeightStats, k1_kl_rewards, masked_moments, normalize_with, ppo_token_loss, token_advantages
 from paravt.rl.logps import forward_logps
+from paravt.rl.packing import bins, equalize, packed_logps
 from paravt.rl.engine_sync import RolloutEngineMixin
 from paravt.rl.lost_work import LostWorkMixin
 from paravt.rl.rollout import PromptSchedule, RolloutBatch, RolloutProducer, RolloutWorker, Sample
@@ -139,12 +141,30 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         return m
 
     # ------------------------------------------------------------------ losses
-    def _forward_logps(self, model, s: Sample, temperature: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log p of each next token, entropy) at every position (position t predicts token t+1),
-        at the rollout temperature unless ``temperature`` is given (1.0 for the GTR NLL)."""
+    def _forward_logps(self, model, s: Sample, temperature: float | None = None,
+                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log p of each next token, entropy or None) per position (position t predicts token t+1), at the
+        rollout temperature unless ``temperature`` is given (1.0 for the GTR NLL). Logits only at the
+        sample's policy tokens (the positions the loss reads); 0 elsewhere."""
         temp = self.cfg.grpo.temperature if temperature is None else temperature
+        positions = [t for t, m in enumerate(s.loss_mask[1:]) if m]
         return forward_logps(model, s.input_ids, s.images, self.processor, self.image_token_id, self.vision_ids, temp,
-                             self.d.device)
+                             self.d.device, positions=positions, with_entropy=with_entropy)
+
+    def _packs(self, samples: list[Sample]) -> list[list[Sample]]:
+        """This rank's samples in forwards of at most ``trainer.pack_tokens`` tokens (0, or an attention without
+        varlen such as plain ``sdpa``: one per sample), as many on every rank (FSDP's collectives)."""
+        varlen = self.actor.config._attn_implementation in VARLEN_IMPLEMENTATIONS
+        budget = self.cfg.trainer.pack_tokens if varlen else 0
+        packs = bins(samples, budget) if budget > 0 else [[s] for s in samples]
+        return equalize(packs, int(parallel.all_reduce_max(len(packs))))
+
+    def _logps(self, model, pack: list[Sample], with_entropy: bool = False):
+        """[(log p, entropy or None)] of each sample of ``pack`` from one forward (:mod:`paravt.rl.packing`)."""
+        if len(pack) == 1:
+            return [self._forward_logps(model, pack[0], with_entropy=with_entropy)]
+        return packed_logps(model, pack, self.processor, self.image_token_id, self.vision_ids, self.cfg.grpo.temperature,
+                            self.d.device, [[t for t, m in enumerate(s.loss_mask[1:]) if m] for s in pack], with_entropy)
 
     def train_on(self, samples: list[Sample], sft_samples: list[Sample] = ()) -> dict[str, float]:
         """PPO (+ KL) over this rank's ``samples``, plus λ·NLL over ``sft_samples`` (GTR), normalised
@@ -162,49 +182,28 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         prox_cache: dict[int, torch.Tensor] = {}
         if cfg.grpo.ppo_minibatches > 1:  # proximal logprobs before any update of this step
             with torch.no_grad():
-                for s in samples:
-                    prox_cache[id(s)] = self._forward_logps(self.actor, s)[0]
+                for pack in self._packs(samples):
+                    prox_cache.update((id(s), lp) for s, (lp, _) in zip(pack, self._logps(self.actor, pack)))
         token_adv = self._token_advantages(samples)
         loss_kl = cfg.grpo.kl_coef if cfg.grpo.kl_mode == "loss_k3" else 0.0
         think_w = cfg.gtr.think_weight if self.gtr is not None else 1.0
         n_sft = parallel.all_reduce_sum(sum(sum(s.loss_mask[1:]) for s in sft_samples))
         grad_norm = 0.0
         gap_max = 0.0  # largest |trainer logprob - engine logprob| over this step's policy tokens
+        wstats = WeightStats()  # the behaviour weight the loss applies: what the numerics gate reads
         for mi, mb in enumerate(mbs):
-            for s in mb:
-                mask = torch.tensor(s.loss_mask[1:], device=self.d.device, dtype=torch.bool)
-                behav = torch.tensor(s.behav_logprobs[1:], device=self.d.device)
-                logp, ent = self._forward_logps(self.actor, s)
-                prox = prox_cache.get(id(s), logp.detach())
-                ref = None
+            for pack in self._packs(mb):
+                refs = [None] * len(pack)
                 if self.ref is not None and loss_kl > 0:
                     with torch.no_grad():
-                        ref = self._forward_logps(self.ref, s)[0]
-                adv = token_adv[id(s)].to(logp) if id(s) in token_adv else torch.full_like(logp, s.advantage)
-                weight = None
-                think = torch.tensor(s.think_mask[1:], device=self.d.device, dtype=torch.bool) \
-                    if s.think_mask is not None else None
-                if think is not None and think_w != 1.0:
-                    weight = torch.where(think, torch.full_like(logp, think_w), torch.ones_like(logp))
-                out = ppo_token_loss(logp, prox, behav, ref, adv, mask, cfg.grpo.clip_eps, loss_kl,
-                                     cfg.grpo.behav_imp_weight_cap, token_weight=weight)
-                (out.loss_sum * scale).backward()
-                tot["loss"] += float(out.loss_sum.detach())
-                tot["tokens"] += out.n_tokens
-                tot["clipped"] += out.clipped
-                tot["dropped"] += out.dropped
-                tot["kl"] += out.kl_sum
-                ent_d = ent.detach()
-                tot["entropy"] += float((ent_d * mask).sum())
-                gap = (prox - behav).abs() * mask
-                tot["gap"] += float(gap.sum())
-                gap_max = max(gap_max, float(gap.max())) if gap.numel() else gap_max
-                tot["mask"] += int(mask.sum())
-                if think is not None:
-                    tot["ent_think"] += float((ent_d * (mask & think)).sum())
-                    tot["n_think"] += int((mask & think).sum())
-                    tot["ent_action"] += float((ent_d * (mask & ~think)).sum())
-                    tot["n_action"] += int((mask & ~think).sum())
+                        refs = [lp for lp, _ in self._logps(self.ref, pack)]
+                pack_loss = 0.0
+                for s, (logp, ent), ref in zip(pack, self._logps(self.actor, pack, with_entropy=True), refs):
+                    loss_sum, gap = self._sample_loss(s, logp, ent, ref, prox_cache.get(id(s), logp.detach()),
+                                                      token_adv, loss_kl, think_w, tot, wstats)
+                    pack_loss = pack_loss + loss_sum
+                    gap_max = max(gap_max, gap)
+                (pack_loss * scale).backward()
             if mi == 0 and sft_samples:  # GTR: λ·NLL joins the first optimizer step (same count on every rank)
                 nll_sum, n_tok = self.gtr.nll_backward(self, sft_samples, n_sft)
                 tot["sft_nll"] += nll_sum
@@ -214,13 +213,17 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
             self.optimizer.zero_grad(set_to_none=True)
         g = {k: parallel.all_reduce_sum(tot.get(k, 0.0)) for k in
              ("loss", "clipped", "dropped", "kl", "entropy", "gap", "mask", "ent_think", "n_think", "ent_action",
-              "n_action", "sft_nll", "sft_tokens")}
+              "n_action", "sft_nll", "sft_tokens", "truncated", "rejected")}
         m = max(g["mask"], 1.0)
         out = {"ppo/loss": g["loss"] / max(n_global, 1.0), "ppo/clip_ratio": g["clipped"] / m,
                "ppo/behav_dropped_ratio": g["dropped"] / m, "ppo/kl": g["kl"] / m,
                "ppo/kl_reward": parallel.all_reduce_sum(self.kl_reward_sum) / m, "ppo/entropy": g["entropy"] / m,
                "rollout/logprob_gap": g["gap"] / m, "rollout/logprob_gap_max": parallel.all_reduce_max(gap_max),
                "ppo/grad_norm": grad_norm, "ppo/tokens": n_global}
+        out.update(wstats.metrics(parallel.all_reduce_sum_tensor(wstats.vector())))
+        if cfg.grpo.rollout_is or cfg.grpo.rollout_rs:
+            out["rollout_corr/truncated_ratio"] = g["truncated"] / m
+            out["rollout_corr/rejected_ratio"] = g["rejected"] / m
         if g["n_think"]:
             out["ppo/entropy_think"] = g["ent_think"] / g["n_think"]
         if g["n_action"]:
@@ -229,6 +232,33 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
             out["gtr/nll"] = g["sft_nll"] / g["sft_tokens"] if g["sft_tokens"] else 0.0
             out["gtr/sft_tokens"] = g["sft_tokens"]
         return out
+
+    def _sample_loss(self, s: Sample, logp, ent, ref, prox, token_adv, loss_kl: float, think_w: float, tot: Counter,
+                     wstats: WeightStats) -> tuple[torch.Tensor, float]:
+        """One sample's PPO loss sum (+ its metrics into ``tot`` and ``wstats``); its largest logprob gap."""
+        cfg = self.cfg
+        mask = torch.tensor(s.loss_mask[1:], device=self.d.device, dtype=torch.bool)
+        behav = torch.tensor(s.behav_logprobs[1:], device=self.d.device)
+        adv = token_adv[id(s)].to(logp) if id(s) in token_adv else torch.full_like(logp, s.advantage)
+        weight = None
+        think = torch.tensor(s.think_mask[1:], device=self.d.device, dtype=torch.bool) \
+            if s.think_mask is not None else None
+        if think is not None and think_w != 1.0:
+            weight = torch.where(think, torch.full_like(logp, think_w), torch.ones_like(logp))
+        out = ppo_token_loss(logp, prox, behav, ref, adv, mask, cfg.grpo.clip_eps, loss_kl, cfg.grpo.behav_imp_weight_cap,
+                             token_weight=weight, is_level=cfg.grpo.rollout_is, rs_level=cfg.grpo.rollout_rs,
+                             corr_cap=cfg.grpo.rollout_corr_cap)
+        wstats.add(out.log_w, cfg.grpo.behav_imp_weight_cap)
+        ent_d = ent.detach()
+        gap = (prox - behav).abs() * mask
+        tot.update({"loss": float(out.loss_sum.detach()), "tokens": out.n_tokens, "clipped": out.clipped,
+                    "dropped": out.dropped, "kl": out.kl_sum, "entropy": float((ent_d * mask).sum()),
+                    "gap": float(gap.sum()), "mask": int(mask.sum()), "truncated": out.truncated,
+                    "rejected": out.rejected})
+        if think is not None:
+            tot.update({"ent_think": float((ent_d * (mask & think)).sum()), "n_think": int((mask & think).sum()),
+                        "ent_action": float((ent_d * (mask & ~think)).sum()), "n_action": int((mask & ~think).sum())})
+        return out.loss_sum, float(gap.max()) if gap.numel() else 0.0
 
     def _token_advantages(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
         """Per-token advantages when they differ from the sequence's scalar: the release's k1 KL
@@ -241,12 +271,16 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         if not (kl_reward or token_norm):
             return {}
         advs, masks = {}, {}
+        refs = {}
+        if kl_reward:
+            with torch.no_grad():
+                for pack in self._packs(samples):
+                    refs.update((id(s), lp.double().cpu()) for s, (lp, _) in zip(pack, self._logps(self.ref, pack)))
         for s in samples:
             mask = torch.tensor(s.loss_mask[1:], dtype=torch.float64)
             klr = None
             if kl_reward:
-                with torch.no_grad():
-                    ref = self._forward_logps(self.ref, s)[0].double().cpu()
+                ref = refs[id(s)]
                 klr = k1_kl_rewards(torch.tensor(s.behav_logprobs[1:], dtype=torch.float64), ref, mask, g.kl_coef)
                 self.kl_reward_sum += float(klr.sum())
             advs[id(s)], masks[id(s)] = token_advantages(s.advantage, mask, klr), mask

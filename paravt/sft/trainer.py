@@ -32,6 +32,7 @@ from paravt.core.video import keep_open_videos
 from paravt.models import parallel
 from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
                                    resolve_dtype)
+from paravt.models.losses import supervised_ce_sum
 from paravt.models.trainloop import TrainLoop
 from paravt.sft.config import SFTConfig
 from paravt.sft.data import (IGNORE, ExampleBuilder, PackedStream, StreamState, collate_packed, collate_padded,
@@ -83,14 +84,9 @@ def freeze_lm_head(model) -> None:
 
 
 def token_ce_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """Sum of next-token cross entropy over supervised positions, and their count."""
-    labels = batch.pop("labels")
-    out = model(**batch, use_cache=False)
-    logits = out.logits[:, :-1].float()
-    target = labels[:, 1:].to(logits.device)
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                           ignore_index=IGNORE, reduction="sum")
-    return ce, int((target != IGNORE).sum())
+    """Sum of next-token cross entropy over supervised positions, and their count: logits at those
+    positions only, a packed row with its sequence bounds (:func:`paravt.models.losses.supervised_ce_sum`)."""
+    return supervised_ce_sum(model, batch, IGNORE)
 
 
 class SFTTrainer:
@@ -226,7 +222,7 @@ class SFTTrainer:
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        micro = [self.stream.next_batch() for _ in range(cfg.grad_accum)]
+        micro = self.stream.step_batches(cfg.grad_accum)  # packing: per_device_batch_size x grad_accum packs
         batches = [self._collate(m) for m in micro]
         n_local = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
         copy_ce = self._copy_aux_step()
@@ -259,6 +255,7 @@ class SFTTrainer:
         return {"loss": parallel.all_reduce_sum(ce_total) / max(n_global, 1.0),
                 "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
                 "tokens_per_s": real / dt, "supervised_tokens": n_global, "real_tokens": real,
+                "tokens_per_step": real, "micro_batches": len(micro), "rows_per_step": parallel.all_reduce_sum(len(flat)),
                 "padding_fraction": pad["padding_fraction"], "step_seconds": dt, "epoch": self.stream.state.epoch,
                 **({"copy_loss": parallel.all_reduce_sum(copy_ce) / self.d.world_size} if copy_ce is not None else {})}
 

@@ -17,8 +17,11 @@ class _Head(torch.nn.Module):
         self.emb = torch.nn.Parameter(torch.randn(vocab, dim, generator=g, dtype=dtype))
         self.out = torch.nn.Parameter(torch.randn(dim, vocab, generator=g, dtype=dtype) * 2)
 
-    def forward(self, input_ids, **_):
-        return type("O", (), {"logits": self.emb[input_ids] @ self.out})()
+    def forward(self, input_ids, logits_to_keep=None, **_):
+        h = self.emb[input_ids]
+        if logits_to_keep is not None:  # transformers' slice before lm_head: a 1-D tensor of positions
+            h = h[:, logits_to_keep]
+        return type("O", (), {"logits": h @ self.out})()
 
 
 def _plain(model, ids, vision, temp):
@@ -81,3 +84,48 @@ def test_entropy_in_chunks_equals_one_pass():
     lse = torch.logsumexp(x, -1)
     one = entropy(x, lse, chunk=1000)
     assert torch.allclose(entropy(x, lse, chunk=7), one) and torch.isfinite(one).all()
+
+
+def test_positions_give_the_same_logps_and_gradients_there_and_zero_elsewhere():
+    """Logits only at the policy tokens (the RL loss's positions): equal values and gradients there."""
+    vocab, vision = 300, torch.tensor([7, 8])
+    ids = torch.randint(10, vocab, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    pos = list(range(20, 39))
+    m1, m2 = _Head(vocab), _Head(vocab)
+    lp, ent = forward_logps(m1, ids, None, None, 7, vision, 0.7, torch.device("cpu"), positions=pos)
+    ref_lp, ref_ent = forward_logps(m2, ids, None, None, 7, vision, 0.7, torch.device("cpu"))
+    sel = torch.zeros(39, dtype=torch.bool)
+    sel[pos] = True
+    assert torch.allclose(lp[sel], ref_lp[sel], atol=1e-6) and torch.allclose(ent[sel], ref_ent[sel], atol=1e-6)
+    assert (lp[~sel] == 0).all() and (ent[~sel] == 0).all()
+    w = torch.linspace(-1, 1, lp.numel()) * sel
+    (lp * w).sum().backward()
+    (ref_lp * w).sum().backward()
+    for a, b in ((m1.emb, m2.emb), (m1.out, m2.out)):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5)
+    none_lp, none_ent = forward_logps(_Head(vocab), ids, None, None, 7, vision, 0.7, torch.device("cpu"), positions=[],
+                                      with_entropy=False)
+    assert none_ent is None and (none_lp == 0).all()
+
+
+def test_positions_keep_logits_for_those_positions_only():
+    vocab, n, vision = 4096, 64, torch.tensor([7])
+    ids = list(range(10, 10 + n))
+    pos = list(range(48, n - 1))  # a response of 15 tokens after a 48-token prompt
+
+    def saved(fn):
+        model = _Head(vocab, dtype=torch.bfloat16)
+        params = {p.data_ptr() for p in model.parameters()}
+        seen = {}
+
+        def pack(t):
+            if t.data_ptr() not in params and t.numel() >= vocab:
+                seen[t.data_ptr()] = t.numel() * t.element_size()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(model)
+        return sum(seen.values())
+
+    every = saved(lambda m: forward_logps(m, ids, None, None, 7, vision, 1.0, torch.device("cpu")))
+    some = saved(lambda m: forward_logps(m, ids, None, None, 7, vision, 1.0, torch.device("cpu"), positions=pos))
+    assert some <= 1.2 * len(pos) * vocab * 4 < every

@@ -1,0 +1,122 @@
+"""The RL trainer's forwards, packed: several samples in one row, each image's vision features once.
+
+One forward per sample ran the vision tower on every rollout's copy of its prompt's overview (8
+rollouts of a group: 8 identical 64-frame encodings, for the actor and again for the reference) and
+paid a kernel launch per sample and layer. :func:`bins` groups a rank's samples into packs of at
+most ``budget`` tokens, in order, so a prompt group's rollouts (consecutive in a batch) share a pack;
+:func:`packed_logps` runs one forward per pack:
+
+- the ids of its samples one after another, each with its own text and M-RoPE positions (the
+  model's ``get_rope_index`` per sample, as SFT's ``collate_packed``), the attention within each
+  sample (:func:`paravt.models.packed_attention.packed_call`);
+- the pixels of each distinct image once (images keyed by their content), their features reused for
+  every sample that shows them (``shared_image_index``, :mod:`paravt.models.vision_attention`);
+- logits at the positions whose next token the loss reads only, scored per sample by
+  :func:`paravt.rl.logps.logps_from_logits` (the same code as the one-sample path).
+
+Each sample's outputs equal its own forward's (``tests/rl/test_packing.py``): the same tokens, the
+same positions, attention restricted to the sample, the same image features.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import torch
+
+from paravt.models.packed_attention import packed_call
+from paravt.models.vision_attention import SHARED_KWARG
+from paravt.rl.logps import logps_from_logits
+
+
+def bins(samples: Sequence, budget: int) -> list[list]:
+    """Consecutive samples in packs of at most ``budget`` tokens (a longer sample alone)."""
+    out: list[list] = []
+    size = 0
+    for s in samples:
+        n = len(s.input_ids)
+        if out and size + n <= budget:
+            out[-1].append(s)
+            size += n
+        else:
+            out.append([s])
+            size = n
+    return out
+
+
+def equalize(packs: list[list], count: int) -> list[list]:
+    """``packs`` split until there are ``count`` of them (the most populous pack halved first), so every
+    rank runs as many forwards; a rank never needs more packs than it has samples."""
+    packs = [list(p) for p in packs]
+    while len(packs) < count:
+        i = max(range(len(packs)), key=lambda j: len(packs[j]))
+        if len(packs[i]) < 2:
+            raise ValueError(f"cannot make {count} packs of {sum(map(len, packs))} samples")
+        half = len(packs[i]) // 2
+        packs[i:i + 1] = [packs[i][:half], packs[i][half:]]
+    return packs
+
+
+def _image_key(im) -> tuple:
+    return im.size, im.mode, hashlib.blake2b(im.tobytes(), digest_size=16).digest()
+
+
+def _distinct_images(samples, processor):
+    """(pixel_values, grid) of the distinct images of ``samples`` (first-seen order), each sample's
+    grids, and the index of every image (samples in order) among the distinct ones."""
+    keys: dict[tuple, int] = {}
+    pix, grids, index, per_sample = [], [], [], []
+    for s in samples:
+        if s.images is None or not len(s.images):
+            per_sample.append(None)
+            continue
+        pv, grid = s.images.tensors(processor)
+        per_sample.append(grid)
+        offsets = torch.cumsum(grid.prod(-1), 0).tolist()
+        for i, im in enumerate(s.images.images):
+            k = _image_key(im)
+            if k not in keys:
+                keys[k] = len(keys)
+                start = offsets[i - 1] if i else 0
+                pix.append(pv[start:offsets[i]])
+                grids.append(grid[i])
+            index.append(keys[k])
+    if not pix:
+        return None, None, per_sample, ()
+    return torch.cat(pix), torch.stack(grids), per_sample, tuple(index)
+
+
+def packed_logps(model, samples: Sequence, processor, image_token_id: int, vision_ids: torch.Tensor,
+                 temperature: float, device: torch.device, positions: Sequence[Sequence[int]],
+                 with_entropy: bool = False) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(log p, entropy or None) per sample, as :func:`paravt.rl.logps.forward_logps` with ``positions``
+    returns them for that sample alone, from one forward of the pack."""
+    inner = model.model
+    ids_l, pos_l, keep, spans = [], [], [], []
+    offset = 0
+    pv, grid, grids, index = _distinct_images(samples, processor)
+    for s, g, pos in zip(samples, grids, positions):
+        ids = torch.tensor([list(s.input_ids)])
+        mm = (ids == image_token_id).long()
+        rope, _ = inner.get_rope_index(ids, mm, image_grid_thw=g)
+        ids_l.append(ids[0])
+        pos_l.append(torch.cat([torch.arange(ids.shape[1])[None], rope[:, 0]], 0))
+        keep.extend(offset + t for t in pos)
+        spans.append((offset, ids.shape[1], len(pos)))
+        offset += ids.shape[1]
+    input_ids = torch.cat(ids_l)[None].to(device)
+    kw = {"input_ids": input_ids, "position_ids": torch.cat(pos_l, 1)[:, None, :].to(device),
+          "mm_token_type_ids": (input_ids == image_token_id).long(), "use_cache": False,
+          "logits_to_keep": torch.tensor(keep, dtype=torch.long, device=device)}
+    if pv is not None:
+        kw.update(pixel_values=pv.to(device), image_grid_thw=grid.to(device), **{SHARED_KWARG: index})
+    logits = packed_call(model, **kw).logits[0]
+    out, row = [], 0
+    for (start, length, n_pos), pos in zip(spans, positions):
+        idx = torch.tensor(list(pos), dtype=torch.long, device=device)
+        targets = input_ids[0, start + 1:start + length]
+        out.append(logps_from_logits(logits[row:row + n_pos], targets, vision_ids, temperature, idx, length - 1,
+                                     with_entropy))
+        row += n_pos
+    return out

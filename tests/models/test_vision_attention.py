@@ -1,0 +1,100 @@
+"""The vision tower's batched attention: one SDPA kernel per block for one video's frames (counted at the
+dispatcher), the same features and gradients as transformers' per-frame loop, and the linear patch
+embedding equal to the Conv3d."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from paravt.models.vision_attention import frame_runs
+
+
+class AttentionCalls(TorchDispatchMode):
+    """Counts the SDPA kernels dispatched (any backend: flash/efficient/math/cuDNN)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in str(func):
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_frame_runs_group_consecutive_frames_of_one_size():
+    grid = torch.tensor([[1, 4, 4], [1, 4, 4], [8, 4, 4], [1, 8, 4], [2, 8, 4], [1, 4, 4]])
+    assert frame_runs(grid) == ((0, 10, 16), (160, 3, 32), (256, 1, 16))
+    assert frame_runs(torch.tensor([[8, 6, 10]])) == ((0, 8, 60),)
+
+
+@pytest.fixture(scope="module")
+def towers(tiny_dir):
+    """(transformers' own model, the project's load_model), the same weights, training mode."""
+    from transformers import AutoModelForImageTextToText
+
+    from paravt.models.loading import load_model
+
+    plain = AutoModelForImageTextToText.from_pretrained(str(tiny_dir), attn_implementation="sdpa").train()
+    fast = load_model(tiny_dir).train()
+    return plain, fast
+
+
+def _inputs(visual, grid, seed=0):
+    c = visual.config
+    n = int(grid.prod(-1).sum())
+    return torch.randn(n, c.in_channels * c.temporal_patch_size * c.patch_size ** 2,
+                       generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("grid", [[[8, 4, 4]], [[1, 4, 4]] * 16])  # one video's 8 temporal patches; 16 frame images
+def test_one_attention_call_per_block_for_one_videos_frames(towers, grid):
+    plain, fast = towers
+    grid = torch.tensor(grid)
+    frames = int(grid[:, 0].sum())
+    x = _inputs(fast.model.visual, grid)
+    depth = len(fast.model.visual.blocks)
+    counts = []
+    for model in (plain, fast):
+        with AttentionCalls() as c:
+            model.model.visual(x, grid_thw=grid)
+        counts.append(c.n)
+    assert counts == [frames * depth, depth]  # before: one call per frame per block; now one per block
+
+
+def test_features_and_gradients_equal_the_per_frame_loop(towers):
+    plain, fast = towers
+    grid = torch.tensor([[1, 4, 4]] * 6 + [[2, 8, 4]] + [[1, 4, 8]] * 3)  # three runs of different sizes
+    x = _inputs(fast.model.visual, grid, seed=1)
+    outs = []
+    for model in (plain, fast):
+        model.zero_grad(set_to_none=True)
+        o = model.model.visual(x, grid_thw=grid)
+        loss = o.pooler_output.square().sum() + sum(f.square().sum() for f in o.deepstack_features)
+        loss.backward()
+        outs.append((o, {n: p.grad.clone() for n, p in model.model.visual.named_parameters() if p.grad is not None}))
+    (a, ga), (b, gb) = outs
+    assert torch.allclose(a.pooler_output, b.pooler_output, atol=1e-5, rtol=1e-4)
+    for fa, fb in zip(a.deepstack_features, b.deepstack_features):
+        assert torch.allclose(fa, fb, atol=1e-5, rtol=1e-4)
+    assert ga.keys() == gb.keys() and "patch_embed.proj.weight" in ga
+    for n in ga:
+        assert torch.allclose(ga[n], gb[n], atol=1e-5, rtol=1e-3), n
+
+
+def test_patch_embedding_is_a_linear_on_the_same_parameter(towers):
+    plain, fast = towers
+    pe = fast.model.visual.patch_embed
+    assert [n for n, _ in pe.named_parameters()] == ["proj.weight", "proj.bias"]  # checkpoints unchanged
+    assert isinstance(pe.proj, torch.nn.Conv3d)
+    x = _inputs(fast.model.visual, torch.tensor([[2, 4, 4]]), seed=2)
+    seen = []
+    hook = pe.proj.register_forward_hook(lambda *a: seen.append(1))  # the conv module itself never runs
+    try:
+        got = pe(x)
+    finally:
+        hook.remove()
+    assert not seen
+    assert torch.allclose(got, plain.model.visual.patch_embed(x), atol=1e-5, rtol=1e-5)
