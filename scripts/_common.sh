@@ -47,8 +47,10 @@ script_help() {  # script_help <script path> [python module] [args...]
 # restarted workers see the file and end at once; then this prints the line and exits with the code.
 # torchrun dies with this script (PR_SET_PDEATHSIG, kill -9 included) and TERM/INT are passed on to
 # it, so the launcher also works as a container's PID 1.
+# On several nodes (multinode_setup ran) a watcher beside torchrun ends this node's run when another
+# node stops (paravt.core.shared_fs watch), and a torchrun that failed on its own names the nodes that left.
 torchrun_supervised() {
-  local abort pid rc code line
+  local abort pid rc code line watcher=""
   abort="$(mktemp -u "${TMPDIR:-/tmp}/paravt-abort.XXXXXXXX")"
   export PARAVT_ABORT_FILE="$abort"
   python -c 'import os, signal, sys
@@ -56,12 +58,21 @@ from paravt.core.procs import die_with_parent
 die_with_parent(signal.SIGTERM)
 os.execvp(sys.argv[1], sys.argv[1:])' torchrun "$@" &
   pid=$!
+  if [[ -n "${PARAVT_NODES_DIR:-}" ]]; then
+    python -m paravt.core.shared_fs watch --dir "$PARAVT_NODES_DIR" --node "$NODE_RANK" --nnodes "$NNODES" \
+      --prog "$PARAVT_NODES_PROG" --interval "$HEARTBEAT_S" --timeout "$RDZV_TIMEOUT" --pid "$pid" &
+    watcher=$!
+  fi
   trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
   while :; do
     rc=0; wait "$pid" || rc=$?
     kill -0 "$pid" 2>/dev/null || break  # a trapped signal interrupted the wait: wait again
   done
   trap - TERM INT
+  if [[ -n "$watcher" ]]; then
+    kill "$watcher" 2>/dev/null || true
+    wait "$watcher" 2>/dev/null || true
+  fi
   if [[ -s "$abort" ]]; then
     IFS=$'\t' read -r code line <"$abort" || true
     rm -f "$abort"
@@ -69,5 +80,44 @@ os.execvp(sys.argv[1], sys.argv[1:])' torchrun "$@" &
     exit "${code:-1}"
   fi
   rm -f "$abort"
+  if [[ "$rc" != 0 && -n "${PARAVT_NODES_DIR:-}" ]]; then
+    python -m paravt.core.shared_fs gone --dir "$PARAVT_NODES_DIR" --node "$NODE_RANK" --nnodes "$NNODES" \
+      --prog "$PARAVT_NODES_PROG" --interval "$HEARTBEAT_S" --since "$PARAVT_NODES_SINCE" || exit $?
+  fi
   exit "$rc"
+}
+
+# multinode_setup <prog> <output_dir>: the torchrun arguments of one node of NNODES (> 1), in the
+# array TORCHRUN_NODES, and the module every worker starts with, in TORCHRUN_ENTRY (then the stage's).
+# * torchrun's c10d rendezvous at MASTER_ADDR:MASTER_PORT (node 0 hosts its store), run id RDZV_ID
+#   (default SLURM_JOB_ID, else one per MASTER_PORT): every node's agent joins within RDZV_TIMEOUT
+#   seconds (default 300) or the run ends; MAX_RESTARTS restarts all nodes' workers together and
+#   resume=auto continues from the newest complete checkpoint, as on one node. torch numbers the nodes
+#   by their addresses (LOCAL_ADDR sets this node's; NODE_RANK names it in messages).
+# * the run folder must be shared: every node's first worker must see the token global rank 0 writes
+#   under output_dir within FS_CHECK_TIMEOUT seconds (default 60), else one line naming the node, exit 2.
+# * a node that stops (its launcher killed, its host gone) ends the others within RDZV_TIMEOUT with one
+#   line naming it, exit 3 (heartbeats every HEARTBEAT_S seconds under output_dir/.paravt/nodes).
+multinode_setup() {
+  local prog="$1" out="$2" id
+  if ! [[ "${NNODES:-}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "$prog: NNODES=${NNODES:-} must be a positive number of nodes" >&2; exit 2
+  fi
+  if ! [[ "${NODE_RANK:-}" =~ ^[0-9]+$ ]] || (( NODE_RANK >= NNODES )); then
+    echo "$prog: NODE_RANK=${NODE_RANK:-} must be one of 0..$((NNODES - 1)) (NNODES=$NNODES), a different one on each node" >&2; exit 2
+  fi
+  if [[ -z "${MASTER_ADDR:-}" ]]; then
+    echo "$prog: set MASTER_ADDR to node 0's address, the same on every node (NNODES=$NNODES)" >&2; exit 2
+  fi
+  RDZV_TIMEOUT="${RDZV_TIMEOUT:-300}" HEARTBEAT_S="${HEARTBEAT_S:-2}"
+  id="${RDZV_ID:-${SLURM_JOB_ID:-paravt-${MASTER_PORT:-29500}}}"
+  TORCHRUN_NODES=(--nnodes="$NNODES" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:${MASTER_PORT:-29500}"
+                  --rdzv-id="$id" --rdzv-conf="join_timeout=$RDZV_TIMEOUT,is_host=$([[ "$NODE_RANK" == 0 ]] && echo 1 || echo 0)")
+  [[ -n "${LOCAL_ADDR:-}" ]] && TORCHRUN_NODES+=(--local-addr="$LOCAL_ADDR")
+  TORCHRUN_ENTRY=(-m paravt.core.shared_fs check --output-dir "$out" --prog "$prog" --timeout "${FS_CHECK_TIMEOUT:-60}")
+  PARAVT_NODES_DIR="$out/.paravt/nodes/$id" PARAVT_NODES_PROG="$prog" PARAVT_NODES_SINCE="$(date +%s)"
+  mkdir -p "$PARAVT_NODES_DIR" 2>/dev/null || true
+  export NNODES NODE_RANK
+  # this node's exit, for the others' report (a node killed with -9 leaves none: its heartbeat stops)
+  trap 'echo "$?" >"$PARAVT_NODES_DIR/node$NODE_RANK.exit" 2>/dev/null || true' EXIT
 }

@@ -9,7 +9,10 @@
 #       drives the rollout servers (launched on its node, or running elsewhere and reached by URL). Weights
 #       reach them in memory over a process group (rollout.weight_sync=broadcast, NCCL; they connect back to
 #       rollout.sync_address, default this host); rollout.weight_sync=disk instead writes an export per step
-#       to output_dir, which must then be on a filesystem they share.
+#       to output_dir. output_dir must be on a filesystem every node shares (checked at start). torchrun's
+#       c10d rendezvous joins the nodes: RDZV_TIMEOUT (300 s) bounds a join and how long the others run
+#       on once a node is lost (one line naming it, exit 3); FS_CHECK_TIMEOUT (60 s) bounds the shared-folder
+#       check (exit 2). Slurm: sbatch scripts/slurm/rl.sbatch.
 #   CPU: bash scripts/run_rl.sh configs/rl/tiny.yaml            (NPROC=2 for two gloo trainer processes)
 #        bash scripts/run_rl.sh configs/rl/tiny_vllm.yaml       (a real vLLM rollout server, .venv-vllm)
 # torchrun restarts crashed workers (MAX_RESTARTS, default 3); resume=auto continues from the
@@ -30,20 +33,26 @@ import sys, torch
 from paravt.core.config import parse_cli, require_cuda_if_needed
 from paravt.data.schema import DataError, load_rl_rows
 from paravt.rl.config import RLConfig
+import os
 cfg = parse_cli(RLConfig, sys.argv[1:], "run_rl.sh")
 require_cuda_if_needed(cfg, "run_rl.sh", sys.argv[1], "rl")
 try:
     cfg.check_inputs()
-    load_rl_rows(cfg.train_data)
+    if int(os.environ.get("NNODES") or 1) == 1 or os.environ.get("NODE_RANK") == "0":
+        load_rl_rows(cfg.train_data)  # once per run: on node 0 of several (the folder is shared)
 except (DataError, ValueError) as exc:
     print(f"run_rl.sh: {' '.join(str(exc).split())}", file=sys.stderr)
     sys.exit(2)
 r = cfg.rollout
 gpus = {"sglang": r.server.gpus, "vllm": r.vllm.gpus}.get(r.engine, []) if r.replicas else []
-print(torch.cuda.device_count(), ",".join(map(str, gpus)) or "-", cfg.grpo.prompts_per_step)
+print(torch.cuda.device_count(), ",".join(map(str, gpus)) or "-", cfg.grpo.prompts_per_step, cfg.output_dir)
 PY
 )" || exit $?
-read -r NGPU ROLLOUT_GPUS PROMPTS <<<"$PRE"
+read -r NGPU ROLLOUT_GPUS PROMPTS OUTPUT_DIR <<<"$PRE"
+# The weight group joins trainer rank 0 and every server worker in one NCCL communicator; SGLang and vLLM
+# start their workers with NCCL's cuMem allocator off, so the trainer does too (the servers it launches
+# inherit this environment), else the group can hang at its first broadcast.
+export NCCL_CUMEM_ENABLE="${NCCL_CUMEM_ENABLE:-0}"
 # The trainer world must divide the step's prompts (each rank trains on its share): say so before torchrun.
 check_world() {  # check_world <trainer ranks of the run> <ranks on this node>
   if (( PROMPTS % $1 )); then
@@ -64,15 +73,17 @@ if [[ "$NGPU" -gt 0 ]]; then
     CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun_supervised --standalone --max-restarts="$MAX_RESTARTS" \
       --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
   fi
-  CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun_supervised --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" \
-    --nproc_per_node="$NPROC" --master_addr="${MASTER_ADDR:?set MASTER_ADDR}" --master_port="${MASTER_PORT:-29500}" \
-    --max-restarts="$MAX_RESTARTS" -m paravt.rl.train "$RECIPE" "$@"
+  multinode_setup run_rl.sh "$OUTPUT_DIR"
+  # rank 0 launches the servers on the GPUs set aside on node 0: the check stops a rendezvous that put it elsewhere
+  [[ "$NODE_RANK" == 0 && "$ROLLOUT_GPUS" != - ]] && export PARAVT_RANK0_NODE=0
+  CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" torchrun_supervised "${TORCHRUN_NODES[@]}" --nproc_per_node="$NPROC" \
+    --max-restarts="$MAX_RESTARTS" "${TORCHRUN_ENTRY[@]}" paravt.rl.train "$RECIPE" "$@"
 fi
 NPROC="${NPROC:-1}"
 check_world $(( NPROC * ${NNODES:-1} )) "$NPROC"
 if [[ "${NNODES:-1}" == 1 ]]; then
   torchrun_supervised --standalone --max-restarts="$MAX_RESTARTS" --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
 fi
-torchrun_supervised --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" --nproc_per_node="$NPROC" \
-  --master_addr="${MASTER_ADDR:?set MASTER_ADDR}" --master_port="${MASTER_PORT:-29500}" \
-  --max-restarts="$MAX_RESTARTS" -m paravt.rl.train "$RECIPE" "$@"
+multinode_setup run_rl.sh "$OUTPUT_DIR"
+torchrun_supervised "${TORCHRUN_NODES[@]}" --nproc_per_node="$NPROC" --max-restarts="$MAX_RESTARTS" \
+  "${TORCHRUN_ENTRY[@]}" paravt.rl.train "$RECIPE" "$@"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Cold-start SFT.  bash scripts/run_sft.sh [RECIPE.yaml] [key=value ...]
 #   GPU node:  bash scripts/run_sft.sh configs/sft/qwen3vl_8b.yaml           (all GPUs of the node, FSDP2)
-#   multi-node: NNODES=2 NODE_RANK=0 MASTER_ADDR=host0 MASTER_PORT=29500 bash scripts/run_sft.sh ...
+#   multi-node: NNODES=2 NODE_RANK=<0|1> MASTER_ADDR=host0 MASTER_PORT=29500 bash scripts/run_sft.sh ... on every
+#              node; output_dir on a filesystem they share (checked); torchrun's c10d rendezvous (RDZV_TIMEOUT,
+#              FS_CHECK_TIMEOUT, MAX_RESTARTS as in run_rl.sh). Slurm: sbatch scripts/slurm/sft.sbatch.
 #   CPU:       bash scripts/run_sft.sh configs/sft/tiny.yaml                  (NPROC=2 for two gloo processes)
 # Settings: python -m paravt.sft.train --help
 set -euo pipefail
@@ -19,7 +21,7 @@ if [[ "$NPROC" == 1 && "${NNODES:-1}" == 1 ]]; then
 fi
 # Preflight, once, before torchrun: the config and the files it names (model, shards, resume, output
 # dir); a problem is one line and exit 2, never a torchrun failure report per rank.
-python - "$RECIPE" "$@" <<'PY' || exit $?
+PRE="$(python - "$RECIPE" "$@" <<'PY'
 import sys
 from paravt.core.config import parse_cli, require_cuda_if_needed
 from paravt.sft.config import SFTConfig
@@ -30,10 +32,13 @@ try:
 except ValueError as exc:
     print(f"run_sft.sh: {' '.join(str(exc).split())}", file=sys.stderr)
     sys.exit(2)
+print(cfg.output_dir)
 PY
+)" || exit $?
+OUTPUT_DIR="${PRE##*$'\n'}"  # the last line (a library may print above it)
 if [[ "${NNODES:-1}" == 1 ]]; then
-  torchrun_supervised --standalone --nproc_per_node="$NPROC" -m paravt.sft.train "$RECIPE" "$@"
+  torchrun_supervised --standalone --nproc_per_node="$NPROC" --max-restarts="${MAX_RESTARTS:-0}" -m paravt.sft.train "$RECIPE" "$@"
 fi
-torchrun_supervised --nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" --nproc_per_node="$NPROC" \
-  --master_addr="${MASTER_ADDR:?set MASTER_ADDR}" --master_port="${MASTER_PORT:-29500}" \
-  -m paravt.sft.train "$RECIPE" "$@"
+multinode_setup run_sft.sh "$OUTPUT_DIR"
+torchrun_supervised "${TORCHRUN_NODES[@]}" --nproc_per_node="$NPROC" --max-restarts="${MAX_RESTARTS:-0}" \
+  "${TORCHRUN_ENTRY[@]}" paravt.sft.train "$RECIPE" "$@"

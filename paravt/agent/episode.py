@@ -189,6 +189,8 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
     tools = tools if tools is not None else build_tools(cfg.tools, crop=cfg.crop)
     schemas = [t.schema for t in tools.values()]
     is_chat = isinstance(engine, ChatEngine)
+    # every turn and every sub-agent of this episode on one server (a pool of servers pins it)
+    engine = engine.for_episode(f"{sample.sample_id}/{seed}")
 
     # 1. Overview (K frames) and the prompt, cached per (sample id, K).
     ov = await run_decode((cache or OverviewCache(1)).get, sample, k, cfg,  # decode pool, off the loop

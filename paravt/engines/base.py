@@ -92,6 +92,12 @@ class InferenceEngine(abc.ABC):
     async def update_weights(self, source: Any, version: int | None = None) -> None:
         """Load new policy weights: a checkpoint directory or (in-process) a state dict."""
 
+    def for_episode(self, key: str) -> "InferenceEngine":
+        """The engine one episode (its turns and its sub-agents) sends every request to. One engine
+        is its own; a pool of servers (:class:`~paravt.engines.pool.EnginePool`) returns a view that
+        keeps the episode ``key`` on one server."""
+        return self
+
     async def health(self) -> bool:
         return True
 
@@ -108,6 +114,10 @@ class ChatEngine(abc.ABC):
     async def chat(self, messages: list[dict[str, Any]], params: SamplingParams, prefix: str = "") -> GenerationOutput:
         """Complete the conversation; ``prefix`` is forced text the assistant turn starts with
         (sent as a continued assistant message); the returned text excludes it."""
+
+    def for_episode(self, key: str) -> "ChatEngine":  # noqa: ARG002 - one server: every request on it
+        """See :meth:`InferenceEngine.for_episode`."""
+        return self
 
     async def health(self) -> bool:
         return True

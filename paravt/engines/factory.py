@@ -17,7 +17,8 @@ kind           engine
 =============  ==========================================================================
 
 Token kinds with more than one server (``replicas`` launched, plus ``urls``) are one
-:class:`~paravt.engines.pool.EnginePool`: requests to the least loaded server, weights to all.
+:class:`~paravt.engines.pool.EnginePool`: an episode's requests on one server, a dead server evicted,
+weights to every live one.
 Every server this process launches dies with it (``PR_SET_PDEATHSIG``), kill -9 included.
 """
 
@@ -71,27 +72,62 @@ class EngineHandle:
             return
         from paravt.core.weight_sync import WeightBuckets  # noqa: PLC0415
 
-        controls = [self.control_client(u) for u in self.urls]
-
-        async def push() -> None:
+        async def push(urls: list[str]) -> None:
+            controls = [self.control_client(u) for u in urls]
             try:
                 if isinstance(source, WeightBuckets):
                     if self.broadcaster is None:
                         raise EngineError("broadcast weight sync needs EngineHandle.broadcaster (rollout.weight_sync)")
-                    await self.broadcaster.push(controls, self.urls, source, version)
-                    self.verified.update(self.urls)
+                    await self.broadcaster.push(controls, urls, source, version)
+                    self.verified.update(urls)
                 else:
                     await asyncio.gather(*(c.update_weights(str(source), version) for c in controls))
                 if self.kind == "vllm":  # every server says it holds the version just pushed
                     held = await asyncio.gather(*(c.server_version() for c in controls))
                     if any(v != version for v in held):
-                        raise EngineError(f"after pushing version {version} the servers hold {dict(zip(self.urls, held))}")
+                        raise EngineError(f"after pushing version {version} the servers hold {dict(zip(urls, held))}")
             finally:
                 await asyncio.gather(*(c.close() for c in controls), return_exceptions=True)
 
-        asyncio.run(push())
+        try:
+            asyncio.run(push(self.live_urls()))
+        except EngineError as exc:
+            # a disk push can be sent again: to the servers still alive once the dead ones are evicted (a
+            # broadcast cannot: its buckets were gathered once, by every trainer rank together)
+            if isinstance(source, WeightBuckets) or not asyncio.run(self._evict_dead(str(exc))):
+                raise
+            asyncio.run(push(self.live_urls()))
         if self.engine is not None:
             self.engine.weight_version = version
+
+    async def _evict_dead(self, why: str) -> bool:
+        """Probe every live server of the pool; evict those that do not answer. True when any was."""
+        from paravt.engines.pool import EnginePool  # noqa: PLC0415
+
+        pool = self.engine
+        if not isinstance(pool, EnginePool):
+            return False
+        controls = [self.control_client(u) for u in pool.live_urls()]
+        try:
+            ok = await asyncio.gather(*(asyncio.wait_for(c.health(), pool.probe_timeout_s) for c in controls),
+                                      return_exceptions=True)
+        finally:
+            await asyncio.gather(*(c.close() for c in controls), return_exceptions=True)
+        dead = [pool.names.index(c.url) for c, good in zip(controls, ok) if good is not True]
+        for i in dead:
+            pool.evict(i, f"the weight push failed: {why}")
+        return bool(dead) and bool(pool.live)
+
+    def live_urls(self) -> list[str]:
+        """The servers a push goes to: every one, less those the pool evicted as dead (none left is an
+        :class:`EngineError` naming them, which ends the run with exit 3)."""
+        from paravt.engines.pool import EnginePool  # noqa: PLC0415
+
+        if not isinstance(self.engine, EnginePool):
+            return list(self.urls)
+        if not self.engine.live:
+            raise EngineError(self.engine.none_left())
+        return self.engine.live_urls()
 
     def control_client(self, url: str | None = None):
         url = url or self.url

@@ -11,6 +11,7 @@ is never tried more than ``attempts`` times.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 from typing import Any, Awaitable, Callable, TypeVar
@@ -47,6 +48,13 @@ def http_transient_errors() -> tuple[type[BaseException], ...]:
     import aiohttp  # noqa: PLC0415
 
     return (aiohttp.ClientError, asyncio.TimeoutError, TransientHTTPError)
+
+
+def weight_group_env() -> dict[str, str]:
+    """What a rollout server needs in its environment to meet the trainer in one NCCL weight group:
+    NCCL's cuMem allocator set as the trainer has it (``NCCL_CUMEM_ENABLE``; ``run_rl.sh`` exports 0,
+    which SGLang and vLLM use for their own workers), so both ends of the group agree."""
+    return {"NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0")}
 
 
 def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 300.0,

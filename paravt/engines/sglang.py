@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
-from paravt.engines.http import HTTPSessionMixin, LaunchedServerMixin, wait_healthy
+from paravt.engines.http import HTTPSessionMixin, LaunchedServerMixin, wait_healthy, weight_group_env
 from paravt.engines.sglang_protocol import (  # noqa: F401 - the request builders are part of this module's API
     BEGIN_UPDATE_PAYLOAD, PAUSE_PAYLOAD, bucket_payload, checksums, collapse_image_pads, generate_payload,
     init_group_payload, parse_generate_response, sampling_payload, unwritten, update_from_disk_payload)
@@ -109,7 +109,8 @@ def launch_command(cfg: SGLangServerConfig) -> tuple[list[str], dict[str, str]]:
     if cfg.video_nframes:
         argv += ["--mm-process-config", json.dumps({"video": {"nframes": int(cfg.video_nframes)}})]
     argv += list(cfg.extra_args)
-    env = {"CUDA_VISIBLE_DEVICES": physical_gpus(cfg.gpus), "SGLANG_VLM_CACHE_SIZE_MB": str(cfg.vlm_cache_size_mb)}
+    env = {"CUDA_VISIBLE_DEVICES": physical_gpus(cfg.gpus), "SGLANG_VLM_CACHE_SIZE_MB": str(cfg.vlm_cache_size_mb),
+           **weight_group_env()}
     return argv, env
 
 

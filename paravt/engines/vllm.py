@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
-from paravt.engines.http import HTTPSessionMixin, LaunchedServerMixin, TransientHTTPError, http_transient_errors, retry
+from paravt.engines.http import (HTTPSessionMixin, LaunchedServerMixin, TransientHTTPError, http_transient_errors, retry,
+                                 weight_group_env)
 from paravt.engines.sglang import SGLangServer, collapse_image_pads, physical_gpus
 from paravt.models.images import ImageInputs
 
@@ -124,6 +125,7 @@ def launch_command(cfg: VLLMServerConfig) -> tuple[list[str], dict[str, str]]:
     argv += list(cfg.extra_args)
     env = {"CUDA_VISIBLE_DEVICES": physical_gpus(cfg.gpus)}
     if cfg.rollout:
+        env.update(weight_group_env())  # the weight group's NCCL settings, as the trainer has them
         env["VLLM_SERVER_DEV_MODE"] = "1"
         # the worker extension is imported from this repository
         root = str(Path(__file__).resolve().parents[2])

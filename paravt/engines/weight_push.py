@@ -57,6 +57,9 @@ class BroadcastPush:
         BroadcastPush._count += 1
         self.group_name = group_name or f"{GROUP_NAME}_{os.getpid()}_{BroadcastPush._count}"
         self.group = None
+        self._base_name = self.group_name
+        self.members: list[str] = []  # the servers the group was formed with
+        self._left: list[Any] = []  # groups left behind by an evicted server (never destroyed: a peer is gone)
 
     # ------------------------------------------------------------------ group
     async def _connect(self, clients: list[Any], urls: list[str]) -> None:
@@ -67,6 +70,7 @@ class BroadcastPush:
         addr = self.master_address or default_master_address(urls)
         port = free_port()
         offsets = [1 + sum(workers[:i]) for i in range(len(clients))]
+        self.members = list(urls)
         log.info("weight group %s: %d ranks (trainer + %s workers) at %s:%d over %s", self.group_name, world,
                  "+".join(map(str, workers)), addr, port, self.backend)
         joins = [asyncio.ensure_future(c.init_weight_group(addr, port, off, world, self.group_name, self.backend,
@@ -86,6 +90,14 @@ class BroadcastPush:
     async def push(self, clients: list[Any], urls: list[str], buckets: WeightBuckets, version: int) -> None:
         """Stream ``buckets`` to every server and tag them ``version``. The bucket iterator is not
         drained here on failure: the caller drains it (the other trainer ranks' gathers)."""
+        if self.group is not None and list(urls) != self.members:
+            # a server was evicted (dead): the live ones form a new group; the old one, with a peer gone,
+            # is kept referenced rather than destroyed (its destructor could wait on that peer)
+            log.warning("weight group %s: re-formed with %d live server(s) (was %d)", self.group_name, len(urls),
+                        len(self.members))
+            self._left.append(self.group)
+            self.group = None
+            self.group_name = f"{self._base_name}_r{len(self._left)}"  # torch registers a name once
         if self.group is None:
             await self._connect(clients, urls)
         plan = buckets.plan

@@ -4,7 +4,9 @@ whole run has, before torchrun starts (``python -m paravt.rl.launch NGPU ROLLOUT
 * Recipe GPU numbers are the job's logical indices; a scheduler's ``CUDA_VISIBLE_DEVICES`` maps them
   to physical ones, so trainers get physical ids (the servers' launcher maps theirs the same way).
 * The rollout servers run on the node of trainer rank 0 (node rank 0), which launches them; their GPUs
-  are taken from the trainers there only. Every other node trains on all its GPUs.
+  are taken from the trainers there only. Every other node trains on all its GPUs. torch's c10d
+  rendezvous numbers the nodes by address, so the launcher has the shared-folder check
+  (:mod:`paravt.core.shared_fs`) stop a run whose global rank 0 is not on node 0 (``PARAVT_RANK0_NODE``).
 """
 
 from __future__ import annotations
