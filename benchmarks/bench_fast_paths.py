@@ -150,8 +150,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         proc, video = gu._assets(Path(tmp), small=True)
         cfg = gu._config(proc, 4, small=True)
-        res = {"device": "cpu", "threads": torch.get_num_threads(), "vision": vision(proc, video, cfg),
-               "sft": sft(proc, video, cfg), "rl": rl(proc, video, cfg)}
+        from paravt.core.machine_speed import measure  # noqa: PLC0415
+
+        speed = measure(seconds=1.0, repeats=3)  # GFLOP/s beside the timings: machines differ up to 2.2x
+        res = {"device": "cpu", "threads": torch.get_num_threads(), "machine_speed_gflops": speed["machine_speed_gflops"],
+               "vision": vision(proc, video, cfg), "sft": sft(proc, video, cfg), "rl": rl(proc, video, cfg)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))
