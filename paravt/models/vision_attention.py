@@ -48,10 +48,17 @@ def frame_runs(grid_thw: torch.Tensor) -> tuple[tuple[int, int, int], ...]:
     return tuple(tuple(r) for r in runs)
 
 
+# The text model's packed-row keywords (paravt.models.packed_attention.varlen_kwargs): they reach the tower
+# with the forward's other keywords, and transformers' flash-attention vision path passes its own
+# cu_seq_lens_* beside **kwargs (a second value for the same keyword would be a TypeError).
+TEXT_PACK_KWARGS = ("packed_bounds", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
 def _add_runs(module, args, kwargs):
-    """Forward pre-hook of the vision tower: the frame layout, once per forward, for every block (and the
-    text model's packed bounds, which reach the tower with the forward's other keywords, dropped)."""
-    kwargs.pop("packed_bounds", None)
+    """Forward pre-hook of the vision tower: the frame layout, once per forward, for every block; the text
+    model's packed-row keywords dropped (:data:`TEXT_PACK_KWARGS`)."""
+    for name in TEXT_PACK_KWARGS:
+        kwargs.pop(name, None)
     kwargs.pop(SHARED_KWARG, None)
     if RUNS_KWARG not in kwargs:
         grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)

@@ -98,3 +98,33 @@ def test_patch_embedding_is_a_linear_on_the_same_parameter(towers):
         hook.remove()
     assert not seen
     assert torch.allclose(got, plain.model.visual.patch_embed(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_flash_attention_tower_ignores_the_text_packs_keywords(tiny_dir):
+    """Under a flash-attention implementation transformers' own vision path runs, and passes its own
+    cu_seq_lens_* beside the forward's keywords: the packed text row's keywords (what ``packed_call`` gives the
+    model) must not reach it. A stand-in flash kernel (SDPA within each cu_seqlens segment, registered under
+    a name with "flash" in it, which is what transformers checks) runs that path on the CPU."""
+    from transformers import AttentionInterface, AutoModelForImageTextToText
+
+    from paravt.models.loading import load_model
+    from paravt.models.packed_attention import varlen_kwargs
+
+    def stand_in_flash(module, q, k, v, attention_mask, cu_seq_lens_q=None, scaling=None, **kwargs):
+        assert "packed_bounds" not in kwargs, sorted(kwargs)
+        bounds = cu_seq_lens_q.tolist()
+        outs = [torch.nn.functional.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], scale=scaling)
+                for s, e in zip(bounds, bounds[1:])]
+        return torch.cat(outs, 2).transpose(1, 2), None
+
+    AttentionInterface.register("paravt_flash_stand_in", stand_in_flash)
+    plain = AutoModelForImageTextToText.from_pretrained(str(tiny_dir), attn_implementation="sdpa").eval()
+    fast = load_model(tiny_dir).eval()
+    fast.model.visual.config._attn_implementation = "paravt_flash_stand_in"
+    grid = torch.tensor([[1, 4, 4]] * 4)
+    x = _inputs(fast.model.visual, grid, seed=2)
+    text = varlen_kwargs(torch.tensor([[0, 1, 2, 0, 1]]))  # a packed row of two sequences
+    with torch.no_grad():
+        want = plain.model.visual(x, grid_thw=grid).pooler_output
+        got = fast.model.visual(x, grid_thw=grid, **text).pooler_output
+    assert torch.allclose(want, got, atol=1e-5, rtol=1e-4)
