@@ -103,9 +103,10 @@ multinode_setup() {
   if ! [[ "${NNODES:-}" =~ ^[1-9][0-9]*$ ]]; then
     echo "$prog: NNODES=${NNODES:-} must be a positive number of nodes" >&2; exit 2
   fi
-  if ! [[ "${NODE_RANK:-}" =~ ^[0-9]+$ ]] || (( NODE_RANK >= NNODES )); then
+  if ! [[ "${NODE_RANK:-}" =~ ^[0-9]+$ ]] || (( 10#$NODE_RANK >= 10#$NNODES )); then
     echo "$prog: NODE_RANK=${NODE_RANK:-} must be one of 0..$((NNODES - 1)) (NNODES=$NNODES), a different one on each node" >&2; exit 2
   fi
+  NODE_RANK=$((10#$NODE_RANK))  # 08 -> 8
   if [[ -z "${MASTER_ADDR:-}" ]]; then
     echo "$prog: set MASTER_ADDR to node 0's address, the same on every node (NNODES=$NNODES)" >&2; exit 2
   fi

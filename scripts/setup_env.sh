@@ -94,7 +94,7 @@ build() {  # build <venv-name> <requirements file> [post-install command...]
   echo "[setup_env] building .venv-$name from $req${constrain[*]:+ with $lock as constraints}"
   enough_disk "$name"
   "$PYTHON" -m venv "$venv"
-  if [[ "$name" == cpu || "$name" == conformance ]]; then cpu_torch "$venv" "${constrain[@]}"; fi
+  if [[ "$name" == cpu || "$name" == conformance || "$name" == vllm ]]; then cpu_torch "$venv" "${constrain[@]}"; fi
   pipq "$venv" -r "$req" "${constrain[@]}"
   if [[ "$name" != sglang && "$name" != vllm ]]; then
     pipq "$venv" --no-deps -e "$ROOT"

@@ -163,6 +163,8 @@ def watch(folder: Path, node: int, nnodes: int, prog: str, interval_s: float, ti
             b = read_beat(folder, n)
             if n == node or b is None or b[0] < started - timeout_s:
                 continue  # not started yet (the rendezvous bounds the join) or an earlier run's
+            if read_exit(folder, n, started) == "0":
+                continue  # finished: its workers completed every collective (rank 0 may still be saving)
             if last.get(n, (None,))[0] != b[0]:
                 last[n] = (b[0], time.monotonic())
             elif time.monotonic() - last[n][1] > timeout_s:

@@ -154,6 +154,11 @@ class SFTConfig:
         check_dtype(self.dtype)
         if self.copy_aux.weight and self.dist.strategy == "deepspeed":
             raise ValueError("copy_aux (the tiny model's copy lessons) runs under fsdp2, ddp or none, not deepspeed")
+        micro = self.grad_accum * (self.per_device_batch_size if self.packing else 1)
+        if self.dist.strategy == "deepspeed" and micro > 1:
+            raise ValueError(f"dist.strategy=deepspeed trains one micro-batch per optimizer step here; this recipe "
+                             f"gives {micro} (per_device_batch_size={self.per_device_batch_size} packs x grad_accum="
+                             f"{self.grad_accum}): set both to 1, or use dist.strategy=fsdp2")
 
     def needs_cuda(self) -> str | None:
         """Why this recipe cannot run without CUDA (None: it can)."""

@@ -78,3 +78,12 @@ def test_a_packed_run_with_per_device_batch_size_2_trains_two_packs_a_step(world
     assert tr.stream.state.to_dict() == ref.state.to_dict()  # three steps took six packs
     f = lr_lambda(cfg)  # the schedule counts optimizer steps, not packs
     assert [r["lr"] for r in rec] == pytest.approx([cfg.optim.lr * f(s) for s in range(1, 4)])
+
+
+def test_deepspeed_with_several_micro_batches_a_step_is_refused_with_one_line(tmp_path):
+    """The DeepSpeed engine here steps after one micro-batch; a recipe giving more (the 8B recipe's four
+    packs) is one line at start-up, not a silently different update."""
+    base = ["model_path=m", f"output_dir={tmp_path}", "data.0.path=x.parquet", "dist.strategy=deepspeed"]
+    with pytest.raises(ValueError, match=r"dist.strategy=deepspeed trains one micro-batch .* gives 4 "):
+        load_config(SFTConfig, "configs/sft/qwen3vl_8b.yaml", base)
+    load_config(SFTConfig, "configs/sft/qwen3vl_8b.yaml", base + ["per_device_batch_size=1"])
