@@ -10,7 +10,8 @@ from paravt.engines.sglang import (SGLangServerConfig, generate_payload, launch_
                                    parse_generate_response, update_from_disk_payload)
 
 
-def test_launch_command_has_reference_settings():
+def test_launch_command_has_reference_settings(monkeypatch):
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)  # the trainer's setting reaches the server: 0 unless set
     cfg = SGLangServerConfig(model_path="/ckpt/step5", gpus=[7], port=31000, context_length=65536)
     argv, env = launch_command(cfg)
     assert argv[:3] == [".venv-sglang/bin/python", "-m", "sglang.launch_server"]
@@ -18,7 +19,7 @@ def test_launch_command_has_reference_settings():
     for flag in ("--model-path /ckpt/step5", "--port 31000", "--tp-size 1", "--dtype bfloat16",
                  "--mem-fraction-static 0.7", "--context-length 65536"):
         assert flag in s
-    assert env == {"CUDA_VISIBLE_DEVICES": "7", "SGLANG_VLM_CACHE_SIZE_MB": "4096"}
+    assert env == {"CUDA_VISIBLE_DEVICES": "7", "SGLANG_VLM_CACHE_SIZE_MB": "4096", "NCCL_CUMEM_ENABLE": "0"}
     assert "--enable-deterministic-inference" not in argv
     argv, _ = launch_command(SGLangServerConfig(model_path="m", deterministic=True, served_model_name="paravt-8b"))
     assert "--enable-deterministic-inference" in argv and argv[argv.index("--served-model-name") + 1] == "paravt-8b"
