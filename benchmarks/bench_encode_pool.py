@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from PIL import Image
 
     from paravt.core import prompts
-    from paravt.core.video import Frame
+    from paravt.core.video_reader import Frame
     from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
     from paravt.models.loading import load_processor
     from paravt.models.tiny import build_tiny

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     for name, over, shard in (("packed (max_length 2048)", packed, False),
                               ("packed, sdpa_varlen (one SDPA call per sequence)", [*packed, "attn_implementation=sdpa_varlen"],
                                False),
-                              ("padded (4 rows)", ["packing=false", "max_length=2048", "per_device_batch_size=4"], False),
+                              ("padded (4 rows)", ["packing=false", "max_length=2048", "global_batch_size=4", "per_device_batch_size=4"], False),
                               ("packed, FSDP2 hooks on one rank", packed, True)):
         parallel.wrap_fsdp2 = functools.partial(plain_wrap, shard_one_rank=True) if shard else plain_wrap
         cfg = load_config(SFTConfig, "configs/sft/tiny.yaml", [

@@ -35,4 +35,4 @@ for K in 4 64; do
       || { tail -30 "$OUT/eval.log"; exit 1; }
   done
 done
-python -m paravt.eval.report --gtr "$OUT"
+python -m paravt.analysis.report --gtr "$OUT"

@@ -13,4 +13,4 @@ for RUN in vanilla paragrpo; do
   NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" output_dir="$OUT/rl_$RUN" \
     "train_data=[$OUT/world/local/paravt_rl_synth.parquet]" "$@"
 done
-python -m paravt.eval.report "$OUT"
+python -m paravt.analysis.report "$OUT"

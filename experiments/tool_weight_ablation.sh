@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What R_tool does to the RL-made effects, across seeds: one cold start per seed (the RL-effects design of
 # rl_effects_pilot.sh), then both RL arms and the sampled eval once per tool weight from that same cold start,
-# so the weights differ in the reward alone. Then the effects across seeds per weight (python -m paravt.eval.effects).
+# so the weights differ in the reward alone. Then the effects across seeds per weight (python -m paravt.analysis.effects).
 #   bash experiments/tool_weight_ablation.sh [OUT_DIR]          (default runs/tool_weight_ablation)
 #   SEEDS ("0 1 2"); WEIGHTS ("1 0": paravt.reward.tool_weight, 1 = the release's reward)
 #   WORLD_FLAGS (default "--habit-sentence --no-reading-episode-calls", the cold start of docs/RESULTS.md's runs)
@@ -10,7 +10,7 @@
 # weight; otherwise one after another. ~75 min per seed on 2 cores (cold start ~20, the arms ~55).
 # Resumable: finished cold starts, RL runs and eval cells are reused (rerun the same command).
 # Writes OUT/coldstart/seed_<s>/, OUT/w<weight>/seed_<s>/ (rl_effects_pilot.sh folders), OUT/w<weight>/effects.md and,
-# per later weight, OUT/w<weight>_minus_w<first>.md (python -m paravt.eval.effects --against: paired by seed and question).
+# per later weight, OUT/w<weight>_minus_w<first>.md (python -m paravt.analysis.effects --against: paired by seed and question).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0" | sed '1s/^/usage: /'; exit 0; fi
@@ -60,11 +60,11 @@ cd "$ROOT"
 for W in "${WEIGHTS[@]}"; do
   RUNS=(); for S in "${SEEDS[@]}"; do RUNS+=("$OUT/w$W/seed_$S"); done
   echo "=== tool_weight $W across seeds ${SEEDS[*]} -> $OUT/w$W/effects.md ==="
-  python -m paravt.eval.effects "${RUNS[@]}" --out "$OUT/w$W/effects.md"
+  python -m paravt.analysis.effects "${RUNS[@]}" --out "$OUT/w$W/effects.md"
 done
 # each other weight against the first, seed by seed and question by question (same cold starts, same questions)
 for W in "${WEIGHTS[@]:1}"; do
   BASE=(); OTHER=(); for S in "${SEEDS[@]}"; do BASE+=("$OUT/w${WEIGHTS[0]}/seed_$S"); OTHER+=("$OUT/w$W/seed_$S"); done
   echo "=== tool_weight $W minus tool_weight ${WEIGHTS[0]}, paired -> $OUT/w${W}_minus_w${WEIGHTS[0]}.md ==="
-  python -m paravt.eval.effects "${BASE[@]}" --against "${OTHER[@]}" --out "$OUT/w${W}_minus_w${WEIGHTS[0]}.md"
+  python -m paravt.analysis.effects "${BASE[@]}" --against "${OTHER[@]}" --out "$OUT/w${W}_minus_w${WEIGHTS[0]}.md"
 done

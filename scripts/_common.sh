@@ -43,23 +43,25 @@ script_help() {  # script_help <script path> [python module] [args...]
 # code the run's own. torchrun restarts (--max-restarts) a group whose worker failed: right for a
 # crash (resume=auto continues from the newest checkpoint), wrong for a run that stopped itself (bad
 # input: 2; lost work: 3), which a restart would resume and report as done. A rank that stops on
-# purpose writes its code and line to $PARAVT_ABORT_FILE (paravt.models.stage_main.report_abort);
+# purpose writes its code and line to $PARAVT_ABORT_FILE (paravt.core.shared_fs.report_abort);
 # restarted workers see the file and end at once; then this prints the line and exits with the code.
 # torchrun dies with this script (PR_SET_PDEATHSIG, kill -9 included) and TERM/INT are passed on to
 # it, so the launcher also works as a container's PID 1.
 # On several nodes (multinode_setup ran) a watcher beside torchrun ends this node's run when another
 # node stops (paravt.core.shared_fs watch), and a torchrun that failed on its own names the nodes that left.
-torchrun_supervised() {
+# run_supervised <command...> does the same for another command (a node that only serves rollouts).
+torchrun_supervised() { run_supervised torchrun "$@"; }
+run_supervised() {
   local abort pid rc code line watcher=""
   abort="$(mktemp -u "${TMPDIR:-/tmp}/paravt-abort.XXXXXXXX")"
   export PARAVT_ABORT_FILE="$abort"
   python -c 'import os, signal, sys
 from paravt.core.procs import die_with_parent
 die_with_parent(signal.SIGTERM)
-os.execvp(sys.argv[1], sys.argv[1:])' torchrun "$@" &
+os.execvp(sys.argv[1], sys.argv[1:])' "$@" &
   pid=$!
   if [[ -n "${PARAVT_NODES_DIR:-}" ]]; then
-    python -m paravt.core.shared_fs watch --dir "$PARAVT_NODES_DIR" --node "$NODE_RANK" --nnodes "$NNODES" \
+    python -m paravt.core.shared_fs watch --dir "$PARAVT_NODES_DIR" --node "$NODE_RANK" --nnodes "$PARAVT_NODES_N" \
       --prog "$PARAVT_NODES_PROG" --interval "$HEARTBEAT_S" --timeout "$RDZV_TIMEOUT" --pid "$pid" &
     watcher=$!
   fi
@@ -81,14 +83,33 @@ os.execvp(sys.argv[1], sys.argv[1:])' torchrun "$@" &
   fi
   rm -f "$abort"
   if [[ "$rc" != 0 && -n "${PARAVT_NODES_DIR:-}" ]]; then
-    python -m paravt.core.shared_fs gone --dir "$PARAVT_NODES_DIR" --node "$NODE_RANK" --nnodes "$NNODES" \
+    python -m paravt.core.shared_fs gone --dir "$PARAVT_NODES_DIR" --node "$NODE_RANK" --nnodes "$PARAVT_NODES_N" \
       --prog "$PARAVT_NODES_PROG" --interval "$HEARTBEAT_S" --since "$PARAVT_NODES_SINCE" || exit $?
   fi
   exit "$rc"
 }
 
-# multinode_setup <prog> <output_dir>: the torchrun arguments of one node of NNODES (> 1), in the
-# array TORCHRUN_NODES, and the module every worker starts with, in TORCHRUN_ENTRY (then the stage's).
+# nodes_check <prog>: NNODES, NODE_RANK (read as decimal) and MASTER_ADDR of a run on several nodes,
+# exported; a bad one is one line and exit 2.
+nodes_check() {
+  local prog="$1"
+  if ! [[ "${NNODES:-}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "$prog: NNODES=${NNODES:-} must be a positive number of nodes" >&2; exit 2
+  fi
+  if ! [[ "${NODE_RANK:-}" =~ ^[0-9]+$ ]] || (( 10#$NODE_RANK >= 10#$NNODES )); then
+    echo "$prog: NODE_RANK=${NODE_RANK:-} must be one of 0..$((NNODES - 1)) (NNODES=$NNODES), a different one on each node" >&2; exit 2
+  fi
+  NODE_RANK=$((10#$NODE_RANK))  # 08 -> 8
+  if [[ -z "${MASTER_ADDR:-}" ]]; then
+    echo "$prog: set MASTER_ADDR to node 0's address, the same on every node (NNODES=$NNODES)" >&2; exit 2
+  fi
+  export NNODES NODE_RANK
+}
+
+# multinode_setup <prog> <output_dir> [torchrun nodes]: the torchrun arguments of one node of NNODES (> 1),
+# in the array TORCHRUN_NODES, and the module every worker starts with, in TORCHRUN_ENTRY (then the
+# stage's). The rendezvous waits for [torchrun nodes] (default NNODES: fewer when some nodes only serve
+# rollouts); every node of NNODES beats and is watched, under PARAVT_NODES_DIR (run id PARAVT_RUN_ID).
 # * torchrun's c10d rendezvous at MASTER_ADDR:MASTER_PORT (node 0 hosts its store), run id RDZV_ID
 #   (default SLURM_JOB_ID, else one per MASTER_PORT): every node's agent joins within RDZV_TIMEOUT
 #   seconds (default 300) or the run ends; MAX_RESTARTS restarts all nodes' workers together and
@@ -100,25 +121,16 @@ os.execvp(sys.argv[1], sys.argv[1:])' torchrun "$@" &
 #   line naming it, exit 3 (heartbeats every HEARTBEAT_S seconds under output_dir/.paravt/nodes).
 multinode_setup() {
   local prog="$1" out="$2" id
-  if ! [[ "${NNODES:-}" =~ ^[1-9][0-9]*$ ]]; then
-    echo "$prog: NNODES=${NNODES:-} must be a positive number of nodes" >&2; exit 2
-  fi
-  if ! [[ "${NODE_RANK:-}" =~ ^[0-9]+$ ]] || (( 10#$NODE_RANK >= 10#$NNODES )); then
-    echo "$prog: NODE_RANK=${NODE_RANK:-} must be one of 0..$((NNODES - 1)) (NNODES=$NNODES), a different one on each node" >&2; exit 2
-  fi
-  NODE_RANK=$((10#$NODE_RANK))  # 08 -> 8
-  if [[ -z "${MASTER_ADDR:-}" ]]; then
-    echo "$prog: set MASTER_ADDR to node 0's address, the same on every node (NNODES=$NNODES)" >&2; exit 2
-  fi
+  nodes_check "$prog"
   RDZV_TIMEOUT="${RDZV_TIMEOUT:-300}" HEARTBEAT_S="${HEARTBEAT_S:-2}"
   id="${RDZV_ID:-${SLURM_JOB_ID:-paravt-${MASTER_PORT:-29500}}}"
-  TORCHRUN_NODES=(--nnodes="$NNODES" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:${MASTER_PORT:-29500}"
+  PARAVT_RUN_ID="$id" PARAVT_NODES_N="$NNODES"
+  TORCHRUN_NODES=(--nnodes="${3:-$NNODES}" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:${MASTER_PORT:-29500}"
                   --rdzv-id="$id" --rdzv-conf="join_timeout=$RDZV_TIMEOUT,is_host=$([[ "$NODE_RANK" == 0 ]] && echo 1 || echo 0)")
   [[ -n "${LOCAL_ADDR:-}" ]] && TORCHRUN_NODES+=(--local-addr="$LOCAL_ADDR")
   TORCHRUN_ENTRY=(-m paravt.core.shared_fs check --output-dir "$out" --prog "$prog" --timeout "${FS_CHECK_TIMEOUT:-60}")
   PARAVT_NODES_DIR="$out/.paravt/nodes/$id" PARAVT_NODES_PROG="$prog" PARAVT_NODES_SINCE="$(date +%s)"
   mkdir -p "$PARAVT_NODES_DIR" 2>/dev/null || true
-  export NNODES NODE_RANK
   # this node's exit, for the others' report (a node killed with -9 leaves none: its heartbeat stops)
   trap 'echo "$?" >"$PARAVT_NODES_DIR/node$NODE_RANK.exit" 2>/dev/null || true' EXIT
 }

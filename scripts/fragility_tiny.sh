@@ -24,7 +24,7 @@
 # trained on top of FRAG_BASE (by default the quickstart's cold-started model). The cold start then teaches the
 # structured format (the quickstart's last SFT phase, COLD_STEPS instead of 600): fewer steps leave a base less compliant
 # at RL start, with more to protect. Training-time compliance of both RL runs is in
-# SEED_DIR/fragility/rl_*/metrics.jsonl (format/compliance); python -m paravt.eval.seeds puts it in the
+# SEED_DIR/fragility/rl_*/metrics.jsonl (format/compliance); python -m paravt.analysis.seeds puts it in the
 # table across seeds, judged against the E3 criterion. Finished stages are reused on a rerun (a change of
 # FRAG_K or NATIVE_REASONING needs a fresh fragility folder: FRAG_DIR).
 set -euo pipefail

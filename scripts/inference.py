@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames-mode", action="store_true", help="eval-style: crop frames go back to the main agent")
     a = ap.parse_args(argv)
 
-    from paravt.core.video import VideoError  # noqa: PLC0415
+    from paravt.core.video_reader import VideoError  # noqa: PLC0415
     from paravt.models.loading import load_processor  # noqa: PLC0415
 
     def fail(msg: str) -> int:  # the user's input: one line, exit 2

@@ -143,10 +143,10 @@ for i in "${!PHASES[@]}"; do
     NPROC=1 bash scripts/run_sft.sh "${A[@]}"; record "$DEST" "${A[@]}"; fi
   PREV="$DEST"
 done
-step probe "5b/8 what the sub-agents see (python -m paravt.eval.probe)"
+step probe "5b/8 what the sub-agents see (python -m paravt.analysis.probe)"
 for M in perception sft; do
   if [[ -f "$OUT/probe_$M.json" ]]; then reuse; else
-    python -m paravt.eval.probe --model "$OUT/$M/final" --world "$OUT/world" --limit "$EVAL_LIMIT" \
+    python -m paravt.analysis.probe --model "$OUT/$M/final" --world "$OUT/world" --limit "$EVAL_LIMIT" \
       --out "$OUT/probe_$M.json" > /dev/null; fi
 done
 [[ "${QUICKSTART_STOP_AFTER:-}" == sft ]] && exit 0
@@ -261,5 +261,5 @@ python -m paravt.viz "$OUT"/eval/paragrpo-tool-K*/image_url/synthetic.jsonl -o "
 
 step report "8/8 report"
 REUSED=1
-python -m paravt.eval.report "$OUT"
+python -m paravt.analysis.report "$OUT"
 echo "total: $(( $(date +%s) - T0 )) s"

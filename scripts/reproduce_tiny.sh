@@ -9,10 +9,10 @@
 #   question) default to the measured setting of docs/RESULTS.md, larger than the quickstart's own (12, 60).
 # Resumable: finished stages of each seed are reused (rerun the same command). Each seed takes ~30-34 min on
 # 2 cores plus the fragility runs (~25 min); the world is built once and shared.
-# Writes OUT/seed_<s>/ (a quickstart run each, its report.md) and OUT/report.md (python -m paravt.eval.seeds).
+# Writes OUT/seed_<s>/ (a quickstart run each, its report.md) and OUT/report.md (python -m paravt.analysis.seeds).
 #   EFFECTS=1: instead, the RL-effects design per seed (experiments/rl_effects_pilot.sh: a cold start with a
 #     K-independent tool habit, RL on videos it never saw, sampled eval at K = 4 and 64), the first seed's base
-#     model and world shared by the others, then OUT/effects.md (python -m paravt.eval.effects: E1, E2 with
+#     model and world shared by the others, then OUT/effects.md (python -m paravt.analysis.effects: E1, E2 with
 #     intervals, judged against the criteria in its docstring). Its own knobs (TOOL_RATE, RL_STEPS, LR, ...) apply.
 #     WORLD_FLAGS defaults to the cold start of the README's effects table, "--habit-sentence
 #     --no-reading-episode-calls" (set WORLD_FLAGS="" for the first design, whose SFT policy's calls depend on K).
@@ -36,7 +36,7 @@ if [[ "${EFFECTS:-0}" == 1 ]]; then
   done
   source "$ROOT/scripts/_common.sh" cpu
   cd "$ROOT"
-  exec python -m paravt.eval.effects "${RUNS[@]}" --out "$OUT/effects.md"
+  exec python -m paravt.analysis.effects "${RUNS[@]}" --out "$OUT/effects.md"
 fi
 export WORLD_SEED="${WORLD_SEED:-0}"
 export RL_STEPS="${RL_STEPS:-20}" EVAL_LIMIT="${EVAL_LIMIT:-120}"
@@ -54,4 +54,4 @@ for S in "${SEEDS[@]}"; do
 done
 source "$ROOT/scripts/_common.sh" cpu
 cd "$ROOT"
-python -m paravt.eval.seeds "$OUT"
+python -m paravt.analysis.seeds "$OUT"

@@ -19,16 +19,20 @@ if [[ "$NPROC" == 1 && "${NNODES:-1}" == 1 ]]; then
   # run_sft.sh, exit 2) before it loads anything.
   PARAVT_PROG=run_sft.sh exec python -m paravt.sft.train "$RECIPE" "$@"
 fi
-# Preflight, once, before torchrun: the config and the files it names (model, shards, resume, output
-# dir); a problem is one line and exit 2, never a torchrun failure report per rank.
-PRE="$(python - "$RECIPE" "$@" <<'PY'
+# Preflight, once, before torchrun: the config, the files it names (model, shards, resume, output dir) and
+# the step's global_batch_size over NPROC x NNODES ranks; a problem is one line and exit 2, never a torchrun
+# failure report per rank.
+PRE="$(python - "$NPROC" "${NNODES:-1}" "$RECIPE" "$@" <<'PY'
 import sys
 from paravt.core.config import parse_cli, require_cuda_if_needed
 from paravt.sft.config import SFTConfig
-cfg = parse_cli(SFTConfig, sys.argv[1:], "run_sft.sh")
-require_cuda_if_needed(cfg, "run_sft.sh", sys.argv[1], "sft")
+nproc, nnodes = sys.argv[1:3]
+cfg = parse_cli(SFTConfig, sys.argv[3:], "run_sft.sh")
+require_cuda_if_needed(cfg, "run_sft.sh", sys.argv[3], "sft")
 try:
     cfg.check_inputs()
+    if nproc.isdigit() and nnodes.isdigit() and int(nproc) * int(nnodes) > 0:  # else multinode_setup names it
+        cfg.step_split(int(nproc) * int(nnodes))
 except ValueError as exc:
     print(f"run_sft.sh: {' '.join(str(exc).split())}", file=sys.stderr)
     sys.exit(2)

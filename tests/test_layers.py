@@ -1,16 +1,42 @@
-"""Dependency direction: no import arrow points up the layer stack (checked by parsing every module).
+"""The shape of the package, checked by parsing every module (lazy imports inside functions count):
 
-    core → data → models → engines → agent → {sft, rl, eval} → viz
+* dependency direction: no import arrow points up the layer stack
 
-A package may import its own layer and any layer below; the three stages never import each other
-(they share everything through the layers below). Lazy imports inside functions count too.
+      core → data → models → engines → agent → {sft, rl, eval} → {analysis, viz}
+
+  A package may import its own layer and any layer below; the three stages never import each other
+  (they share everything through the layers below). ``analysis`` reads what the stages wrote (reports,
+  statistics across seeds, probes): nothing a run executes imports it.
+* no import cycle, inside a package or across packages (type-only imports included);
+* no module over :data:`MAX_LINES` lines;
+* one home per name: a module imports a paravt name only to use it (not for others to import it from
+  there, nor for the import's side effect), and imports each name from the module that defines it.
 """
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "paravt"
-LAYER = {"core": 0, "data": 1, "models": 2, "engines": 3, "agent": 4, "sft": 5, "rl": 5, "eval": 5, "viz": 6}
+LAYER = {"core": 0, "data": 1, "models": 2, "engines": 3, "agent": 4, "sft": 5, "rl": 5, "eval": 5,
+         "analysis": 6, "viz": 6}
+MAX_LINES = 400
+#: Modules allowed over MAX_LINES, each at no more than the length given.
+LONG = {"paravt/engines/vllm.py": 408, "paravt/data/synthetic/traces.py": 416}
+#: The only second-hand names allowed, by the module that serves them ("*": every name it imports).
+SERVED = {
+    "paravt/data/synthetic/__init__.py": {"*"},
+    "paravt/engines/sglang.py": {"collapse_image_pads", "sampling_payload"},
+    "paravt/models/loading.py": {"paravt"},  # imported for its side effect: registers the image-only processor
+    "paravt/rl/gtr.py": {"TurnState", "Verdict", "parse_verdict"},
+}
+
+
+def _fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A ``paravt`` package under ``tmp_path`` holding ``files`` ({path inside the package: source})."""
+    for rel, src in files.items():
+        (tmp_path / "paravt" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "paravt" / rel).write_text(src)
+    return tmp_path / "paravt"
 
 
 def _package(module: str) -> str:
@@ -27,9 +53,10 @@ def _type_checking_only(tree: ast.AST) -> set[int]:
     return out
 
 
-def _imports(path: Path):
+def _imports(path: Path, type_hints: bool = False):
+    """(module, line) of every absolute import; those under ``if TYPE_CHECKING:`` with ``type_hints``."""
     tree = ast.parse(path.read_text(), str(path))
-    skip = _type_checking_only(tree)
+    skip = set() if type_hints else _type_checking_only(tree)
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
@@ -37,6 +64,11 @@ def _imports(path: Path):
             yield from ((a.name, node.lineno) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.module, node.lineno
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    return {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in root.rglob("*.py")}
 
 
 def violations(root: Path = ROOT) -> list[str]:
@@ -68,25 +100,22 @@ def test_no_import_points_up():
 
 
 def test_the_check_catches_an_upward_import(tmp_path):
-    pkg = tmp_path / "paravt"
-    (pkg / "core").mkdir(parents=True)
-    (pkg / "core" / "x.py").write_text("def f():\n    from paravt.agent.episode import run_episode\n")
-    (pkg / "rl").mkdir()
-    (pkg / "rl" / "y.py").write_text("import paravt.eval.driver\n")
+    pkg = _fake_package(tmp_path, {"core/x.py": "def f():\n    from paravt.agent.episode import run_episode\n",
+                                   "rl/y.py": "import paravt.eval.driver\n",
+                                   "eval/z.py": "from paravt.analysis.seeds import main\n"})
     assert violations(pkg) == ["paravt/core/x.py:2: core imports paravt.agent.episode",
+                               "paravt/eval/z.py:1: eval imports paravt.analysis.seeds",
                                "paravt/rl/y.py:1: rl imports paravt.eval.driver"]
 
 
 def import_cycles(root: Path = ROOT) -> list[list[str]]:
-    """Cycles in the module import graph (top-level and lazy imports alike), each as a module list."""
-    mods = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
-            for p in root.rglob("*.py")}
-    graph = {m: sorted({imp for imp, _ in _imports(p) if imp in mods and imp != m}) for m, p in mods.items()}
+    """Cycles in the module import graph (top-level, lazy and type-only imports alike), each as a module list."""
+    mods = _modules(root)
+    graph = {m: sorted({imp for imp, _ in _imports(p, type_hints=True) if imp in mods and imp != m})
+             for m, p in mods.items()}
     for m, p in mods.items():  # "from paravt.x import y" where y is a module counts as importing paravt.x.y
-        tree = ast.parse(p.read_text(), str(p))
-        skip = _type_checking_only(tree)
-        for node in ast.walk(tree):
-            if id(node) not in skip and isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 graph[m] += [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods]
     cycles, state = [], {}
 
@@ -112,8 +141,106 @@ def test_no_import_cycle_inside_or_across_packages():
 
 
 def test_the_cycle_check_catches_a_cycle(tmp_path):
-    pkg = tmp_path / "paravt"
-    (pkg / "eval").mkdir(parents=True)
-    (pkg / "eval" / "a.py").write_text("from paravt.eval.b import f\n")
-    (pkg / "eval" / "b.py").write_text("def f():\n    from paravt.eval import a\n")
-    assert import_cycles(pkg) == [["paravt.eval.a", "paravt.eval.b", "paravt.eval.a"]]
+    pkg = _fake_package(tmp_path, {"eval/a.py": "from paravt.eval.b import f\n",
+                                   "eval/b.py": "def f():\n    from paravt.eval import a\n",
+                                   "eval/c.py": "from paravt.eval.d import T\nclass S: ...\n",
+                                   "eval/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                "    from paravt.eval.c import S\nclass T: ...\n"})
+    assert import_cycles(pkg) == [["paravt.eval.a", "paravt.eval.b", "paravt.eval.a"],
+                                  ["paravt.eval.c", "paravt.eval.d", "paravt.eval.c"]]
+
+
+def long_modules(root: Path = ROOT, limit: int = MAX_LINES, allowed: dict[str, int] = LONG) -> list[str]:
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = str(path.relative_to(root.parent))
+        n = len(path.read_text().splitlines())
+        if n > max(limit, allowed.get(rel, 0)):
+            out.append(f"{rel}: {n} lines")
+    return out
+
+
+def test_no_module_is_over_the_line_limit():
+    assert long_modules() == []
+
+
+def test_the_length_check_catches_a_long_module(tmp_path):
+    pkg = _fake_package(tmp_path, {"core/ok.py": "x = 1\n" * MAX_LINES, "core/long.py": "x = 1\n" * (MAX_LINES + 1)})
+    assert long_modules(pkg) == [f"paravt/core/long.py: {MAX_LINES + 1} lines"]
+
+
+def _names_used(tree: ast.AST) -> set[str]:
+    """Every name the module reads, string annotations (``"Tool | None"``) included."""
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    for node in ast.walk(tree):
+        notes = [node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) else []
+        notes += [node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+        for c in (c for a in notes if a is not None for c in ast.walk(a)):
+            if isinstance(c, ast.Constant) and isinstance(c.value, str):
+                try:
+                    used |= {n.id for n in ast.walk(ast.parse(c.value, mode="eval")) if isinstance(n, ast.Name)}
+                except SyntaxError:
+                    pass
+    return used
+
+
+def _bound_names(node: ast.AST) -> list[str]:
+    """The paravt names an import binds (``import paravt.x`` binds ``paravt``)."""
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("paravt"):
+        return [a.asname or a.name for a in node.names]
+    if isinstance(node, ast.Import):
+        return [(a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("paravt")]
+    return []
+
+
+def _second_hand(tree: ast.Module) -> set[str]:
+    """The names a module's top level imports and does not define itself."""
+    defined, imported = set(), set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return imported - defined
+
+
+def reexports(root: Path = ROOT, served: dict[str, set[str]] = SERVED) -> list[str]:
+    """Imports that give a name a second home: a paravt name a module imports and never uses (there
+    for others to import, or for the import's side effect), and a name imported from a module that
+    only imports it itself. ``served`` lists the ones allowed."""
+    mods = _modules(root)
+    trees = {m: ast.parse(p.read_text(), str(p)) for m, p in mods.items()}
+    rel = {m: str(p.relative_to(root.parent)) for m, p in mods.items()}
+    bad = []
+    for m, tree in sorted(trees.items()):
+        allowed = served.get(rel[m], set())
+        skip, used = _type_checking_only(tree), _names_used(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            unused = [n for n in _bound_names(node) if n not in used and "*" not in allowed and n not in allowed]
+            bad += [f"{rel[m]}:{node.lineno}: imports {n} without using it" for n in unused]
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in trees:
+                owner = served.get(rel[node.module], set())
+                second = _second_hand(trees[node.module]) - owner if "*" not in owner else set()
+                bad += [f"{rel[m]}:{node.lineno}: imports {a.name} from {node.module}, which imports it"
+                        for a in node.names if a.name in second and f"{node.module}.{a.name}" not in trees]
+    return bad
+
+
+def test_every_name_has_one_home():
+    assert reexports() == []
+
+
+def test_the_home_check_catches_a_reexport_and_its_callers(tmp_path):
+    pkg = _fake_package(tmp_path, {
+        "core/a.py": "class Thing: ...\n",
+        "core/shim.py": '"""Names for others."""\nfrom paravt.core.a import Thing\n\n__all__ = ["Thing"]\n',
+        "core/uses.py": 'from paravt.core.shim import Thing\n\n\ndef f() -> "Thing":\n    return Thing()\n',
+        "core/hint.py": 'from paravt.core.a import Thing\n\n\ndef g(x: "Thing | None"): ...\n'})
+    assert reexports(pkg, {}) == ["paravt/core/shim.py:2: imports Thing without using it",
+                                  "paravt/core/uses.py:1: imports Thing from paravt.core.shim, which imports it"]
+    assert reexports(pkg, {"paravt/core/shim.py": {"Thing"}}) == []

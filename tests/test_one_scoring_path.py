@@ -3,9 +3,10 @@ format compliance is one function for both. Completions are shaped like real mod
 
 import pytest
 
+from paravt.agent.tools import CropVideo, call_parser
 from paravt.core.scoring import episode_well_formed, score
-from paravt.eval.driver import score as eval_score
-from paravt.eval.splits import EvalSample
+from paravt.eval.sample import BenchmarkItem
+from paravt.eval.summary import score as eval_score
 from paravt.rl.rewards.terms import RewardKnobs, compute_reward
 
 CASES = [
@@ -24,13 +25,14 @@ CASES = [
     ("tvg", "[40.0, 43.0]", "<think>\nThe event is at 40 - 43 s.\n</think>\n<tool_call>\n{\"name\": \"crop_video\"}\n</tool_call>"),
     ("tvg", "[1.0, 2.0]", ""),
 ]
+PARSER = call_parser([CropVideo])  # the recipes' one tool: how both read a turn's calls
 
 
 @pytest.mark.parametrize("qtype,gold,text", CASES)
 def test_rl_and_eval_score_a_completion_alike(qtype, gold, text):
     knobs = RewardKnobs(rules="paravt")
-    rl = compute_reward(text, gold, qtype, knobs).acc if text.count("<|im_start|>") < 5 else 0.0
-    sample = EvalSample(id="q", split="synthetic", video="v.mp4", question="?", answer=gold, question_type=qtype)
+    rl = compute_reward(text, gold, qtype, knobs, parser=PARSER).acc if text.count("<|im_start|>") < 5 else 0.0
+    sample = BenchmarkItem(id="q", split="synthetic", video="v.mp4", question="?", answer=gold, question_type=qtype)
     ev = eval_score(sample, text)["score"]
     assert rl == pytest.approx(ev) == pytest.approx(score(text, gold, qtype).value)
 
@@ -43,4 +45,5 @@ def test_answers_are_found_where_the_model_writes_them():
 
 
 def test_format_compliance_is_one_function():
-    assert episode_well_formed([CASES[0][2]]) and not episode_well_formed([CASES[4][2]]) and not episode_well_formed([])
+    assert episode_well_formed([CASES[0][2]], PARSER) and not episode_well_formed([CASES[4][2]], PARSER)
+    assert not episode_well_formed([], PARSER)

@@ -63,7 +63,7 @@ def test_short_quickstart(tmp_path):
     assert rs.returncode == 2 and f"{out}/tiny_model was made with other settings" in rs.stderr, rs.stderr[-2000:]
     assert "  this run:   --seed 1" in rs.stderr and "  that stage: --seed 0" in rs.stderr
     # Format Fragility in this quickstart's folder, as a user runs it after a quickstart (CI runs it in one seed:
-    # the same stage per seed; the table and interval across seeds are tested in tests/eval/test_seeds.py)
+    # the same stage per seed; the table and interval across seeds are tested in tests/analysis/test_seeds.py)
     rf = subprocess.run(["bash", "scripts/fragility_tiny.sh", str(out)], capture_output=True, text=True, timeout=3000,
                         env={**os.environ, "QUICKSTART_SMALL": "1"})
     assert rf.returncode == 0, (rf.stdout[-3000:], rf.stderr[-3000:])

@@ -27,7 +27,7 @@ def test_perception_probe_reports_every_window(world, tiny_dir, tmp_path):
     import json
 
     out = tmp_path / "probe.json"
-    r = subprocess.run([sys.executable, "-m", "paravt.eval.probe", "--model", str(tiny_dir), "--world", str(world),
+    r = subprocess.run([sys.executable, "-m", "paravt.analysis.probe", "--model", str(tiny_dir), "--world", str(world),
                         "--limit", "3", "--max-tokens", "16", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
@@ -105,14 +105,16 @@ def test_a_gpu_recipe_without_cuda_is_one_line_and_exit_2():
 
 
 @pytest.mark.launcher
-def test_prompts_that_do_not_divide_the_trainer_ranks_stop_before_torchrun(world, tiny_dir, tmp_path):
+def test_more_trainer_ranks_than_samples_stop_before_torchrun(world, tiny_dir, tmp_path):
+    """Any world size up to the step's samples trains (uneven splits allowed); more ranks than samples is one
+    line before torchrun."""
     r = subprocess.run(["bash", "scripts/run_rl.sh", "configs/rl/tiny.yaml", f"model_path={tiny_dir}",
                         f"train_data=[{world}/local/paravt_rl_synth.parquet]", f"output_dir={tmp_path / 'rl'}",
-                        "grpo.prompts_per_step=3"], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "NPROC": "2"})
+                        "grpo.prompts_per_step=1", "grpo.n_samples=2"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "NPROC": "3"})
     assert r.returncode == 2, r.stderr[-2000:]
     line = [ln for ln in r.stderr.splitlines() if ln.strip()][-1]
-    assert "grpo.prompts_per_step=3 must be a multiple of the trainer world size 2" in line and "=4" in line, line
+    assert "= 2 samples a step cannot keep 3 trainer ranks busy" in line and "prompts_per_step to 2" in line, line
     assert not (tmp_path / "rl").exists()  # torchrun never started
 
 
@@ -144,7 +146,7 @@ def test_gpu_tests_fail_rather_than_skip_without_cuda():
 
 def test_the_gpu_split_of_run_rl():
     """Node 0 gives the rollout GPU to the servers, the other nodes train on all of theirs; the
-    scheduler's CUDA_VISIBLE_DEVICES maps logical to physical ids; the world the prompts must divide."""
+    scheduler's CUDA_VISIBLE_DEVICES maps logical to physical ids; the trainer world of the run."""
     from paravt.rl.launch import trainer_gpus, world_size
 
     assert trainer_gpus(8, [7], [], node_rank=0) == [str(i) for i in range(7)]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from paravt.models.parallel import free_port
+from tests.faults.test_nodes import _stub_torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,3 +98,21 @@ def test_the_sft_sbatch_file_runs_one_launcher_per_node_and_a_requeue_resumes(wo
     assert r.returncode == 0, r.stderr[-4000:]
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert steps == [1, 2, 3]
+
+
+@pytest.mark.launcher
+def test_the_rl_sbatch_file_gives_each_node_its_share_of_the_layout(world, tiny_dir, tmp_path):
+    """``rl.sbatch`` with ``rollout.layout=train:2,train:1`` (stand-in srun and torchrun): SLURM_NODEID picks the
+    entry, so node 0 starts two trainer ranks and node 1 one, in one rendezvous of both nodes."""
+    stub = _stub_torchrun(tmp_path)  # its bin folder is the one _slurm_env puts srun and scontrol in
+    env = _slurm_env(tmp_path, SLURM_NODEID=None, SLURM_JOB_NODELIST="localhost[0-1]", FAKE_HOSTS="127.0.0.1 127.0.0.2",
+                     SLURM_SUBMIT_DIR=str(ROOT), OMP_NUM_THREADS="1", NPROC=None, **stub)
+    r = subprocess.run(["bash", str(ROOT / "scripts/slurm/rl.sbatch"), "configs/rl/tiny.yaml", f"model_path={tiny_dir}",
+                        f"output_dir={tmp_path / 'rl'}", f"train_data=[{world}/local/paravt_rl_synth.parquet]",
+                        "rollout.layout=train:2,train:1", "grpo.prompts_per_step=3"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    for node, ranks in ((0, 2), (1, 1)):
+        args = (tmp_path / f"torchrun.{node}.txt").read_text().splitlines()
+        assert f"--nproc_per_node={ranks}" in args and "--nnodes=2" in args and "NNODES=2" in args, args
+        assert "--rdzv-endpoint=127.0.0.1:" + str(20000 + 81234 % 10000) in args and "--rdzv-id=slurm-81234-0" in args

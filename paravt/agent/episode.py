@@ -27,14 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paravt.agent.conversation import ChatConversation, TokenConversation
+from paravt.agent.conversation import open_conversation
 from paravt.models.tokenize import encode_prompt
-from paravt.agent.tools import CropConfig, Tool, ToolContext, ToolResult, build_tools, unknown_tool_result
+from paravt.agent.tools import (CropConfig, Tool, ToolContext, ToolResult, build_tools, call_parser,
+                               unknown_tool_result)
 from paravt.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
 from paravt.core import prompts
 from paravt.core.seeding import stable_hash
-from paravt.core.toolcall import parse_tool_calls
-from paravt.core.video import Frame, probe, run_decode, sample_overview
+from paravt.core.video import probe, run_decode, sample_overview
+from paravt.core.video_reader import Frame
 from paravt.engines.base import ChatEngine, SamplingParams
 from paravt.models.images import ImageInputs
 
@@ -188,6 +189,7 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
     t_start = time.perf_counter()
     tools = tools if tools is not None else build_tools(cfg.tools, crop=cfg.crop)
     schemas = [t.schema for t in tools.values()]
+    parser = call_parser(tools.values())  # reads exactly the calls of this episode's tools
     is_chat = isinstance(engine, ChatEngine)
     # every turn and every sub-agent of this episode on one server (a pool of servers pins it)
     engine = engine.for_episode(f"{sample.sample_id}/{seed}")
@@ -195,8 +197,7 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
     # 1. Overview (K frames) and the prompt, cached per (sample id, K).
     ov = await run_decode((cache or OverviewCache(1)).get, sample, k, cfg,  # decode pool, off the loop
                           None if is_chat else processor, schemas)
-    conv = (ChatConversation(engine, ov.messages, cfg.prefix) if is_chat
-            else TokenConversation(engine, processor, ov.prompt_ids, ov.images, ov.messages, cfg.prefix))
+    conv = open_conversation(engine, processor, ov.messages, cfg.prefix, ov.prompt_ids, ov.images)
     traj = Trajectory(sample.sample_id, k, conv.record, overview_times=[f.timestamp for f in ov.frames],
                       duration=ov.duration)
     prefix = cfg.prefix
@@ -227,7 +228,7 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
         traj.turns.append(rec)
 
         # 3. Parse every tool call of the turn with the shared parser.
-        parsed = parse_tool_calls(out.text) if cfg.agentic else None
+        parsed = parser.parse(out.text) if cfg.agentic else None
         if parsed is None or (not parsed.calls and not parsed.errors):
             traj.end_reason = "answer" if out.finish_reason != "length" else "length"
             break

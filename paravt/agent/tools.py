@@ -10,6 +10,8 @@ optionally ``__init__`` options, ``error_text`` and ``window``) + one line in th
 mapping: ``tools: {crop_video: {}, "my_pkg.my_tool:ZoomFrame": {max_pixels: 200000}}``. A key is a
 registered name or ``module:Class`` (importing the module registers the class); the value is that
 tool's options, handed to its constructor untouched. Names are checked when the config loads.
+How a tool's calls are read is its :meth:`Tool.call_syntax`; :func:`call_parser` builds the parser
+of exactly the configured tools, for the episode, the rewards and the well-formedness check alike.
 """
 
 from __future__ import annotations
@@ -18,21 +20,21 @@ import abc
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
-from paravt.agent.trajectory import SequenceRecord, SubAgentTrajectory
+from paravt.agent.trajectory import SubAgentTrajectory
 from paravt.core import prompts
-from paravt.core.toolcall import CallSyntax, ToolCall, is_number, register_syntax
-from paravt.core.video import VideoError, run_decode, sample_crop
+from paravt.core.toolcall import CallSyntax, ToolCall, ToolCallParser, is_number
+from paravt.core.video import run_decode, sample_crop
+from paravt.core.video_reader import VideoError
 from paravt.data.tool_specs import CROP_VIDEO_SCHEMA, CROP_VIDEO_SYNTAX
-from paravt.engines.base import ChatEngine, SamplingParams
+from paravt.engines.base import SamplingParams
 
 TOOL_REGISTRY: dict[str, type["Tool"]] = {}
 
 
 def register_tool(cls: type["Tool"]) -> type["Tool"]:
-    """Register a tool class by its name, and its call syntax with the parser."""
-    register_syntax(CallSyntax(cls.name, tuple(cls.positional), tuple(cls.time_params), cls.window_tag))
+    """Register a tool class by its name (a recipe's ``tools`` key)."""
     TOOL_REGISTRY[cls.name] = cls
     return cls
 
@@ -78,6 +80,16 @@ def check_tools(tools: "dict[str, Any] | list[str] | None") -> None:
             cls(**opts)
         except TypeError as exc:
             raise ValueError(f"tools.{key}: bad options {opts} ({exc})") from None
+
+
+def call_parser(tools: "Iterable[Tool | type[Tool]]") -> ToolCallParser:
+    """The parser that reads the calls of exactly these tools (built ones or their classes)."""
+    return ToolCallParser(t.call_syntax() for t in tools)
+
+
+def recipe_call_parser(tools: "dict[str, Any] | list[str] | None") -> ToolCallParser:
+    """The parser of a recipe's ``tools`` (the mapping :func:`build_tools` takes), without building them."""
+    return call_parser(resolve_tool(key) for key in tool_specs(tools))
 
 
 def build_tools(tools: "dict[str, Any] | list[str] | None", **defaults: Any) -> dict[str, "Tool"]:
@@ -141,6 +153,11 @@ class Tool(abc.ABC):
     @abc.abstractmethod
     async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
         ...
+
+    @classmethod
+    def call_syntax(cls) -> CallSyntax:
+        """How the parser reads this tool's calls (from ``positional``, ``time_params``, ``window_tag``)."""
+        return CallSyntax(cls.name, tuple(cls.positional), tuple(cls.time_params), cls.window_tag)
 
     def error_text(self, message: str) -> str:
         """What the model reads when a call fails."""
@@ -266,32 +283,22 @@ class CropVideo(Tool):
 
     async def _subagent(self, frames, start: float, end: float, ctx: ToolContext) -> SubAgentTrajectory:
         """One weight-sharing sub-agent: crop frames + summary prompt → a factual summary, on the
-        main agent's own engine: token ids on a token engine (in-process, SGLang), the same
-        messages through the chat API on a chat engine (an OpenAI-compatible server)."""
-        from paravt.models.tokenize import encode_prompt, run_encode  # noqa: PLC0415
+        main agent's own engine, through the episode's conversation path
+        (:func:`paravt.agent.conversation.ask_once`)."""
+        from paravt.agent.conversation import ask_once  # noqa: PLC0415 - the encoder loads with a sub-agent
         from paravt.core.seeding import stable_hash  # noqa: PLC0415
 
-        messages = [{"role": "user", "content": prompts.frames_content(frames)
-                     + [{"type": "text", "text": "\n" + prompts.subagent_prompt(start, end)}]}]
+        messages = subagent_messages(frames, start, end)
         params = SamplingParams(temperature=self.cfg.subagent_temperature, max_new_tokens=self.cfg.subagent_max_tokens,
                                 seed=stable_hash(ctx.seed, "subagent", ctx.turn, ctx.call_index))
-        if isinstance(ctx.engine, ChatEngine):
-            out = await ctx.engine.chat(messages, params)
-            seq = SequenceRecord()
-            if out.error:
-                return SubAgentTrajectory((ctx.turn, ctx.call_index), seq, out.error, "error")
-            seq.add(out.prompt_token_ids or [], "context")  # the server's ids when it returns them
-            seq.add(out.token_ids, "policy", out.logprobs)
-            return SubAgentTrajectory((ctx.turn, ctx.call_index), seq, out.text or "", out.finish_reason)
-        ids, images = await run_encode(encode_prompt, ctx.processor, messages)
-        out = await ctx.engine.generate(ids, images, params)
-        seq = SequenceRecord(images=images)
-        seq.add(ids, "context")
-        if out.error:
-            return SubAgentTrajectory((ctx.turn, ctx.call_index), seq, out.error, "error")
-        seq.add(out.token_ids, "policy", out.logprobs)
-        text = ctx.processor.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        return SubAgentTrajectory((ctx.turn, ctx.call_index), seq, text, out.finish_reason)
+        seq, text, finish_reason = await ask_once(ctx.engine, ctx.processor, messages, params)
+        return SubAgentTrajectory((ctx.turn, ctx.call_index), seq, text, finish_reason)
+
+
+def subagent_messages(frames, start: float, end: float) -> list[dict[str, Any]]:
+    """What a crop_video sub-agent is asked: the crop's frames, then the summary prompt of its window."""
+    return [{"role": "user", "content": prompts.frames_content(frames)
+             + [{"type": "text", "text": "\n" + prompts.subagent_prompt(start, end)}]}]
 
 
 def unknown_tool_result(name: str, available: list[str]) -> ToolResult:
@@ -300,4 +307,5 @@ def unknown_tool_result(name: str, available: list[str]) -> ToolResult:
 
 
 __all__ = ["CropConfig", "CropVideo", "TOOL_REGISTRY", "Tool", "ToolContext", "ToolResult", "build_tools",
-           "check_tools", "register_tool", "resolve_tool", "tool_specs", "validate_window", "unknown_tool_result"]
+           "call_parser", "check_tools", "recipe_call_parser", "register_tool", "resolve_tool", "subagent_messages",
+           "tool_specs", "validate_window", "unknown_tool_result"]

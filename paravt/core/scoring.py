@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from paravt.core.toolcall import parse_time
+from paravt.core.toolcall import ToolCallParser, parse_time
 
 MCQ_LETTERS = "ABCDEFGHIJ"
 # The structural tags' regexes, used by the reward terms, the metrics and eval alike.
@@ -240,24 +240,23 @@ def score(completion: str, answer, question_type: str, mode: str = "f1",
 # Format compliance of one main-agent turn (RL metric and eval metric)
 # ---------------------------------------------------------------------------------------
 
-def turn_well_formed(text: str) -> bool:
+def turn_well_formed(text: str, parser: ToolCallParser) -> bool:
     """A turn as written (forced ``<think>\n`` included) is well-formed when a closed think
-    block is followed by parseable tool calls (and no unparseable block) or a non-empty answer."""
-    from paravt.core.toolcall import parse_tool_calls  # noqa: PLC0415
-
+    block is followed by parseable tool calls (and no unparseable block) or a non-empty answer;
+    ``parser`` reads the calls as the episode does (the recipe's tools: paravt.agent.tools.call_parser)."""
     if "<think>" not in text or "</think>" not in text or text.index("<think>") > text.index("</think>"):
         return False
     after = text.split("</think>", 1)[1]
-    parsed = parse_tool_calls(after)
+    parsed = parser.parse(after)
     if parsed.calls and not parsed.errors:
         return True
     m = _ANSWER_RE.search(after)
     return bool(m and m.group(1).strip()) and not parsed.errors
 
 
-def episode_well_formed(turn_texts: Sequence[str]) -> bool:
+def episode_well_formed(turn_texts: Sequence[str], parser: ToolCallParser) -> bool:
     """``format/compliance`` of one episode: at least one turn, and every turn well-formed."""
-    return bool(turn_texts) and all(turn_well_formed(t) for t in turn_texts)
+    return bool(turn_texts) and all(turn_well_formed(t, parser) for t in turn_texts)
 
 
 # ---------------------------------------------------------------------------------------

@@ -44,18 +44,36 @@ def node_label(node_rank: str | int | None = None, host: str | None = None) -> s
     return f"node {n} ({host or socket.gethostname()})"
 
 
-def report_abort(code: int, line: str) -> None:
-    """``code<TAB>line`` in ``$PARAVT_ABORT_FILE`` (the launcher prints it and exits with ``code``; a
-    restarted worker sees it and ends). The first line written stays."""
+def report_abort(code: int, line: str, cause: bool = True) -> None:
+    """Record a deliberate stop (bad input, lost work, a lost node) for the launcher: ``code<TAB>line`` in
+    the file ``$PARAVT_ABORT_FILE`` names (set by ``scripts/_common.sh:torchrun_supervised``, which prints
+    the line and exits with ``code`` instead of letting torchrun resume a run that stopped itself; a
+    restarted worker sees the file and ends, :func:`stopped_on_purpose`). Rank 0's line wins (it names
+    the cause; the others only say rank 0 failed): rank 0 (or a process without ``RANK``) replaces the
+    file, another rank writes it only while it does not exist, and so does rank 0 when ``cause`` is False
+    (it stopped because another rank or node went away, whose line names the cause)."""
     path = os.environ.get(ABORT_FILE_ENV)
     if not path:
+        return
+    text = f"{int(code)}\t{' '.join(line.split())}\n"
+    if int(os.environ.get("RANK", 0)) == 0 and cause:
+        tmp = f"{path}.rank0"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
         return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return
     with os.fdopen(fd, "w") as f:
-        f.write(f"{int(code)}\t{' '.join(line.split())}\n")
+        f.write(text)
+
+
+def stopped_on_purpose() -> bool:
+    """True in a worker torchrun restarted after the run stopped itself (:func:`report_abort`)."""
+    path = os.environ.get(ABORT_FILE_ENV)
+    return bool(path) and os.path.exists(path)
 
 
 def _store(timeout_s: float):
@@ -170,8 +188,9 @@ def watch(folder: Path, node: int, nnodes: int, prog: str, interval_s: float, ti
             elif time.monotonic() - last[n][1] > timeout_s:
                 why = f"ended (exit {read_exit(folder, n, started)})" if read_exit(folder, n, started) else \
                     f"stopped answering (no heartbeat for {time.monotonic() - last[n][1]:.0f} s, --timeout {timeout_s:g})"
+                # the first line stays: a line this node's workers wrote already names the cause
                 report_abort(3, f"{prog}: {node_label(n, b[1])} {why}: the run on {node_label(node)} ends too; "
-                                f"start every node's launcher again to resume (resume=auto)")
+                                f"start every node's launcher again to resume (resume=auto)", cause=False)
                 try:
                     os.kill(pid, signal.SIGTERM)
                 except ProcessLookupError:

@@ -2,7 +2,8 @@
 
 Public API::
 
-    result = parse_tool_calls(text)
+    parser = ToolCallParser(syntaxes)   # the configured tools' CallSyntax (paravt.agent.tools.call_parser)
+    result = parser.parse(text)
     result.calls   # list[ToolCall]: .name (str), .arguments (dict)
     result.errors  # list[str]: one message per block that could not be parsed
 
@@ -17,10 +18,11 @@ Accepted forms (in order of precedence, as the release's parser accepts them):
 3. If neither exists: window blocks (VideoZoomer-style ``<video_zoom>``) holding
    ``{"start": s, "end": e}`` or a ``[s, e]`` pair, mapped to the tool that declares that tag.
 
-The parser knows no tool by name: each tool declares a :class:`CallSyntax` (positional order, the
-parameters that are times, an optional window tag) with :func:`register_syntax`, which the agent's
-tool registry does for every tool class. Time parameters given as strings ("12.5", "12.5s",
-"01:05", "1:02:03") are normalised to float seconds. The parser never raises on model text.
+The parser knows no tool by name: it is built from the :class:`CallSyntax` of each tool a recipe
+configures (positional order, the parameters that are times, an optional window tag), and reads
+exactly those; a call of any other name is read from its JSON or keyword form only. Time parameters
+given as strings ("12.5", "12.5s", "01:05", "1:02:03") are normalised to float seconds. The parser
+never raises on model text.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
-
+from typing import Any, Iterable
 
 
 @dataclass(frozen=True)
@@ -47,21 +48,6 @@ class CallSyntax:
     positional: tuple[str, ...] = ()
     time_params: tuple[str, ...] = ()
     window_tag: str | None = None
-
-
-#: Every declared tool's syntax by name (filled by :func:`register_syntax`).
-SYNTAX: dict[str, CallSyntax] = {}
-
-
-def register_syntax(syntax: CallSyntax) -> CallSyntax:
-    if syntax.window_tag and len(syntax.time_params) < 2:
-        raise ValueError(f"{syntax.name}: a window tag needs two time parameters (start, end)")
-    other = next((s.name for s in SYNTAX.values() if s.window_tag and s.window_tag == syntax.window_tag
-                  and s.name != syntax.name), None)
-    if other:
-        raise ValueError(f"{syntax.name}: window tag <{syntax.window_tag}> is already {other}'s")
-    SYNTAX[syntax.name] = syntax
-    return syntax
 
 
 def _block_re(tag: str) -> re.Pattern:
@@ -133,9 +119,9 @@ def parse_time(value: Any) -> Any:
     return value
 
 
-def _normalise_arguments(name: str, args: dict[str, Any]) -> dict[str, Any]:
+def _normalise_arguments(name: str, args: dict[str, Any], syntaxes: dict[str, CallSyntax]) -> dict[str, Any]:
     out = {k: _finite_or_text(v) for k, v in args.items()}
-    syntax = SYNTAX.get(name)
+    syntax = syntaxes.get(name)
     for key in syntax.time_params if syntax else ():
         if key in out:
             out[key] = parse_time(out[key])
@@ -147,7 +133,7 @@ def _finite_or_text(v: Any) -> Any:
     return str(v) if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def _call_from_obj(obj: Any, raw: str) -> ToolCall:
+def _call_from_obj(obj: Any, raw: str, syntaxes: dict[str, CallSyntax]) -> ToolCall:
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     name = obj.get("name")
@@ -160,7 +146,8 @@ def _call_from_obj(obj: Any, raw: str) -> ToolCall:
         args = {}
     if not isinstance(args, dict):
         raise ValueError(f"'arguments' must be an object, got {type(args).__name__}")
-    return ToolCall(name=name.strip(), arguments=_normalise_arguments(name.strip(), args), source="tool_call", raw=raw)
+    return ToolCall(name=name.strip(), arguments=_normalise_arguments(name.strip(), args, syntaxes), source="tool_call",
+                    raw=raw)
 
 
 def _loads_lenient(body: str) -> Any:
@@ -181,7 +168,7 @@ def _short(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _parse_json_blocks(text: str, result: ParseResult) -> None:
+def _parse_json_blocks(text: str, result: ParseResult, syntaxes: dict[str, CallSyntax]) -> None:
     for m in _TOOL_CALL_RE.finditer(text):
         body = m.group(1).strip()
         if not body:
@@ -201,7 +188,7 @@ def _parse_json_blocks(text: str, result: ParseResult) -> None:
             continue
         for o in objs:  # each call fails alone: a bad one never drops the valid ones after it
             try:
-                result.calls.append(_call_from_obj(o, body))
+                result.calls.append(_call_from_obj(o, body, syntaxes))
             except Exception as exc:  # noqa: BLE001
                 result.errors.append(f"invalid <tool_call> JSON ({exc}): {_short(body)}")
 
@@ -215,7 +202,7 @@ def _literal(node: ast.AST) -> Any:
         raise ValueError(f"non-literal argument {ast.dump(node)[:60]}")
 
 
-def _parse_python_call(body: str) -> ToolCall:
+def _parse_python_call(body: str, syntaxes: dict[str, CallSyntax]) -> ToolCall:
     src = body.strip()
     src = re.sub(r"^```(?:python|py)?\s*|\s*```$", "", src).strip()
     last_exc: Exception | None = None
@@ -251,7 +238,7 @@ def _parse_python_call(body: str) -> ToolCall:
     else:
         raise ValueError("unsupported callee")
     args: dict[str, Any] = {}
-    order = SYNTAX[name].positional if name in SYNTAX else ()
+    order = syntaxes[name].positional if name in syntaxes else ()
     for i, a in enumerate(node.args):
         if i >= len(order):
             raise ValueError(f"too many positional arguments for {name}")
@@ -260,10 +247,10 @@ def _parse_python_call(body: str) -> ToolCall:
         if kw.arg is None:
             raise ValueError("**kwargs not supported")
         args[kw.arg] = _literal(kw.value)
-    return ToolCall(name=name, arguments=_normalise_arguments(name, args), source="tool_code", raw=body)
+    return ToolCall(name=name, arguments=_normalise_arguments(name, args, syntaxes), source="tool_code", raw=body)
 
 
-def _parse_code_blocks(text: str, result: ParseResult) -> None:
+def _parse_code_blocks(text: str, result: ParseResult, syntaxes: dict[str, CallSyntax]) -> None:
     for m in _TOOL_CODE_RE.finditer(text):
         body = m.group(1)
         if not body.strip():
@@ -273,7 +260,7 @@ def _parse_code_blocks(text: str, result: ParseResult) -> None:
             result.errors.append(_too_long("tool_code", body))
             continue
         try:
-            result.calls.append(_parse_python_call(body))
+            result.calls.append(_parse_python_call(body, syntaxes))
         except Exception as exc:  # noqa: BLE001 - this block's failure, never the turn's
             # One call per line is accepted too (``f(...)\nf(...)``).
             lines = [ln for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("#")]
@@ -282,7 +269,7 @@ def _parse_code_blocks(text: str, result: ParseResult) -> None:
                 continue
             for ln in lines:
                 try:
-                    result.calls.append(_parse_python_call(ln))
+                    result.calls.append(_parse_python_call(ln, syntaxes))
                 except Exception as exc_ln:  # noqa: BLE001
                     result.errors.append(f"invalid <tool_code> ({exc_ln}): {_short(ln)}")
 
@@ -312,32 +299,47 @@ def _parse_window_blocks(text: str, syntax: CallSyntax, result: ParseResult) -> 
             if start is None or end is None:
                 raise ValueError("no start/end")
             s_key, e_key = syntax.time_params[:2]
-            args = _normalise_arguments(syntax.name, {s_key: start, e_key: end})
+            args = _normalise_arguments(syntax.name, {s_key: start, e_key: end}, {syntax.name: syntax})
             result.calls.append(ToolCall(name=syntax.name, arguments=args, source=tag, raw=body))
         except Exception as exc:  # noqa: BLE001
             result.errors.append(f"invalid <{tag}> ({exc}): {_short(body)}")
 
 
-def parse_tool_calls(text: str | None) -> ParseResult:
-    """Parse every tool call of one assistant turn. Never raises on model text."""
-    result = ParseResult()
-    if not text:
+class ToolCallParser:
+    """Reads the tool calls of one assistant turn with the given tools' syntaxes (a recipe's tools:
+    :func:`paravt.agent.tools.call_parser`); without any, JSON and keyword calls are still read."""
+
+    def __init__(self, syntaxes: Iterable[CallSyntax] = ()):
+        self.syntaxes: dict[str, CallSyntax] = {}
+        for syntax in syntaxes:
+            if syntax.window_tag and len(syntax.time_params) < 2:
+                raise ValueError(f"{syntax.name}: a window tag needs two time parameters (start, end)")
+            other = next((s.name for s in self.syntaxes.values() if s.window_tag and s.window_tag == syntax.window_tag
+                          and s.name != syntax.name), None)
+            if other:
+                raise ValueError(f"{syntax.name}: window tag <{syntax.window_tag}> is already {other}'s")
+            self.syntaxes[syntax.name] = syntax
+
+    def parse(self, text: str | None) -> ParseResult:
+        """Parse every tool call of one assistant turn. Never raises on model text."""
+        result = ParseResult()
+        if not text:
+            return result
+        if not isinstance(text, str):
+            result.errors.append(f"expected text, got {type(text).__name__}")
+            return result
+        try:
+            if "<tool_call>" in text:
+                _parse_json_blocks(text, result, self.syntaxes)
+            elif "<tool_code>" in text:
+                _parse_code_blocks(text, result, self.syntaxes)
+            else:
+                for syntax in self.syntaxes.values():
+                    if syntax.window_tag and f"<{syntax.window_tag}>" in text:
+                        _parse_window_blocks(text, syntax, result)
+        except Exception as exc:  # noqa: BLE001 - the contract is: never raise on model text
+            result.errors.append(f"parser error: {exc.__class__.__name__}: {exc}")
         return result
-    if not isinstance(text, str):
-        result.errors.append(f"expected text, got {type(text).__name__}")
-        return result
-    try:
-        if "<tool_call>" in text:
-            _parse_json_blocks(text, result)
-        elif "<tool_code>" in text:
-            _parse_code_blocks(text, result)
-        else:
-            for syntax in list(SYNTAX.values()):
-                if syntax.window_tag and f"<{syntax.window_tag}>" in text:
-                    _parse_window_blocks(text, syntax, result)
-    except Exception as exc:  # noqa: BLE001 - the contract is: never raise on model text
-        result.errors.append(f"parser error: {exc.__class__.__name__}: {exc}")
-    return result
 
 
 _RELEASE_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -345,10 +347,10 @@ _RELEASE_CODE_RE = re.compile(r"<tool_code>(.*?)(?:</tool_code>|$)", re.DOTALL)
 
 
 def release_has_tool_call(text: str) -> bool:
-    """The release's reward test for "a parseable tool call" (looser than :func:`parse_tool_calls`):
+    """The release's reward test for "a parseable tool call" (looser than :meth:`ToolCallParser.parse`):
     a ``<tool_call>`` body that is exactly one JSON object with a ``name``, or a ``<tool_code>``
     body with any non-comment line containing ``(``. Used by ``rules: release`` rewards only;
-    episodes always execute what :func:`parse_tool_calls` finds."""
+    episodes always execute what :meth:`ToolCallParser.parse` finds."""
     for body in _RELEASE_CALL_RE.findall(text or ""):
         body = body.strip()
         if not body or body.startswith("<|im_end|>"):

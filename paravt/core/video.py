@@ -27,8 +27,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from paravt.core.video_reader import (Frame, Timeline, VideoError, VideoInfo, VideoReader, _check_file,  # noqa: F401
-                                      local_path, split_runs)
+from paravt.core.video_reader import Frame, VideoError, VideoInfo, VideoReader, _check_file
 
 #: Qwen3-VL: 16-pixel patches merged 2×2 → a 32-pixel factor.
 DEFAULT_FACTOR = 32

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 import pyarrow.parquet as pq
 
 from paravt.core.scoring import QUESTION_TYPES, parse_gold_span
-from paravt.core.video import local_path
+from paravt.core.video_reader import local_path
 
 log = logging.getLogger(__name__)
 VIDEO_PLACEHOLDER = "<video>"

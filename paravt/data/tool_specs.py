@@ -1,16 +1,17 @@
 """What the model is told about crop_video, and how its calls are read.
 
-The JSON function schema the prompts advertise and the call syntax the parser applies. It sits
-in the data layer because the synthetic SFT traces write crop_video calls and their system prompts
-list it; the tool that executes the calls (:class:`paravt.agent.tools.CropVideo`) takes both from
-here. The parser and the prompts (``paravt.core``) know no tool by name.
+The JSON function schema the prompts advertise and the call syntax a parser built for crop_video
+applies (:class:`paravt.core.toolcall.ToolCallParser`). It sits in the data layer because the
+synthetic SFT traces write crop_video calls and their system prompts list it; the tool that executes
+the calls (:class:`paravt.agent.tools.CropVideo`) takes both from here. The parser and the prompts
+(``paravt.core``) know no tool by name.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from paravt.core.toolcall import CallSyntax, register_syntax
+from paravt.core.toolcall import CallSyntax
 
 CROP_VIDEO_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -34,9 +35,9 @@ CROP_VIDEO_SCHEMA: dict[str, Any] = {
 
 #: ``crop_video(video_path, start_time, end_time)``; ``start``/``end`` are accepted aliases; a
 #: VideoZoomer-style ``<video_zoom>[s, e]</video_zoom>`` block is a crop_video call.
-CROP_VIDEO_SYNTAX = register_syntax(CallSyntax(
+CROP_VIDEO_SYNTAX = CallSyntax(
     name="crop_video", positional=("video_path", "start_time", "end_time"),
-    time_params=("start_time", "end_time", "start", "end"), window_tag="video_zoom"))
+    time_params=("start_time", "end_time", "start", "end"), window_tag="video_zoom")
 
 #: The tools block the synthetic data's system prompts advertise.
 DATA_TOOL_SCHEMAS: list[dict[str, Any]] = [CROP_VIDEO_SCHEMA]

@@ -18,7 +18,8 @@ kind           engine
 
 Token kinds with more than one server (``replicas`` launched, plus ``urls``) are one
 :class:`~paravt.engines.pool.EnginePool`: an episode's requests on one server, a dead server evicted,
-weights to every live one.
+weights to every live one; vLLM servers can sit behind ``vllm-router`` instead
+(:class:`~paravt.engines.router.RoutedPool`, ``router=``), the same two properties.
 Every server this process launches dies with it (``PR_SET_PDEATHSIG``), kill -9 included.
 """
 
@@ -200,9 +201,10 @@ def replica_configs(server: Any, replicas: int, model: str) -> list[Any]:
     return out
 
 
-def start_hf_server(model: str, dtype: str = "float32", port: int | None = None,
-                    log_file: str | Path | None = None, timeout_s: float = 300.0) -> tuple[subprocess.Popen, str]:
-    """``python -m paravt.engines.hf_server`` on localhost; returns (process, url) once healthy."""
+def start_hf_server(model: str, dtype: str = "float32", port: int | None = None, log_file: str | Path | None = None,
+                    timeout_s: float = 300.0, host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
+    """``python -m paravt.engines.hf_server`` listening on ``host`` (localhost by default); returns
+    (process, a URL this machine reaches it at) once healthy."""
     from paravt.models.parallel import free_port  # noqa: PLC0415
 
     port = port or free_port()
@@ -210,11 +212,11 @@ def start_hf_server(model: str, dtype: str = "float32", port: int | None = None,
     from paravt.core.procs import preexec_die_with_parent  # noqa: PLC0415
 
     proc = subprocess.Popen([sys.executable, "-m", "paravt.engines.hf_server", "--model", str(model),
-                             "--port", str(port), "--dtype", dtype], stdout=out, stderr=subprocess.STDOUT,
-                            preexec_fn=preexec_die_with_parent)
+                             "--host", host, "--port", str(port), "--dtype", dtype], stdout=out,
+                            stderr=subprocess.STDOUT, preexec_fn=preexec_die_with_parent)
     if log_file:
         out.close()  # the child holds its own descriptor
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '127.0.0.1') else host}:{port}"
 
     def tail() -> str:
         return Path(log_file).read_text(errors="replace")[-3000:] if log_file and Path(log_file).exists() else ""
@@ -230,7 +232,7 @@ def start_hf_server(model: str, dtype: str = "float32", port: int | None = None,
 def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32", seed: int = 0,
                  batch_wait_s: float = 0.03, url: str | None = None, server=None, model_name: str | None = None,
                  max_retries: int = 3, log_file: str | Path | None = None, urls: list[str] | None = None,
-                 replicas: int = 1, weight_version: int = 0) -> EngineHandle:
+                 replicas: int = 1, weight_version: int = 0, router: Any = None) -> EngineHandle:
     """Build (and, for server kinds, launch and health-check) the engine ``kind`` for ``model``.
 
     ``processor`` supplies the tokenizer ids token engines need (image pad, banned vision
@@ -238,7 +240,10 @@ def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32
     ``openai`` and ``vllm``, a :class:`~paravt.engines.vllm.VLLMServerConfig`) whose ``model_path`` is
     set to ``model``; ``replicas`` copies of it are launched (token kinds). ``urls`` are token servers
     already running (``sglang``/``vllm``), used beside the launched ones. ``weight_version`` is the
-    policy version the served weights are (a resumed run's step)."""
+    policy version the served weights are (a resumed run's step). ``replicas=0`` launches none (the
+    servers of ``urls`` only, e.g. those each node's launcher started under a ``rollout.layout``).
+    ``router`` (kind ``vllm``, two or more servers): requests through ``vllm-router``
+    (:class:`~paravt.engines.router.RoutedPool`), weight pushes still to each server."""
     if kind not in KINDS:
         raise ValueError(f"engine kind must be one of {KINDS}, got {kind!r}")
     if kind == "hf":
@@ -251,7 +256,7 @@ def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32
     procs: list[Any] = []
     launched: list[tuple[str, Any]] = []  # (url, server process object)
     try:
-        if kind in ("sglang", "openai", "vllm") and server is not None:
+        if kind in ("sglang", "openai", "vllm") and server is not None and (replicas or kind == "openai"):
             if isinstance(server, VLLMServerConfig) and kind not in ("openai", "vllm"):
                 raise ValueError("a vLLM server serves kind='openai' (chat) or kind='vllm' (tokens)")
             if kind == "vllm" and not isinstance(server, VLLMServerConfig):
@@ -265,7 +270,7 @@ def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32
                 srv.start()
                 launched.append((cfg.url, srv))
             url = url or (launched[0][0] if launched else None)
-        elif kind == "hf_server":
+        elif kind == "hf_server" and replicas:
             proc, url = start_hf_server(model, dtype, log_file=log_file)
             procs.append(proc)
             launched.append((url, None))
@@ -306,6 +311,16 @@ def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32
             engines.append(SGLangEngine(u, server=srv if isinstance(srv, SGLangServer) else None,
                                         banned_token_ids=banned, image_token_id=pad, max_retries=max_retries))
             engines[-1].weight_version = weight_version
-    engine = engines[0] if len(engines) == 1 else EnginePool(engines)
+    if kind == "vllm" and router is not None and len(engines) > 1:
+        from paravt.engines.router import RoutedPool  # noqa: PLC0415
+
+        try:
+            engine = RoutedPool.start(engines, router)
+        except BaseException:
+            EngineHandle(kind, None, processes=procs).stop()
+            raise
+        procs.insert(0, engine.router)  # stopped first, before the servers it routes to
+    else:
+        engine = engines[0] if len(engines) == 1 else EnginePool(engines)
     return EngineHandle(kind, engine, servers[0][0], procs, pad, urls=[u for u, _ in servers], model_name=name,
                         reload_method=reload_method)

@@ -12,6 +12,7 @@ from paravt.agent.episode import EpisodeConfig
 from paravt.agent.tools import CropConfig, check_tools
 from paravt.core.config import check_run_paths
 from paravt.core.prompts import AGENTIC_MODES
+from paravt.eval.hub import HubConfig
 from paravt.eval.judge import MCQJudgeConfig
 from paravt.eval.splits import HUB_IDS, SPLITS, splits_table
 
@@ -82,20 +83,6 @@ class ServerConfig:
             from paravt.engines.sglang import SGLangServerConfig  # noqa: PLC0415
             return SGLangServerConfig(deterministic=self.deterministic, video_nframes=video_nframes, **common)
         raise ValueError("server.launch is none: no server to launch")
-
-
-@dataclass
-class HubConfig:
-    """Where a split is looked up when data_root/<dir> does not hold it (python -m paravt.eval.fetch)."""
-    source: str = "auto"  # auto: data_root first, then the Hugging Face cache | local: data_root only | hub: the cache only
-    download: bool = False  # true: download + extract a split the cache lacks on first use (the release does; GBs)
-    cache_dir: str | None = None  # Hub cache; null: HF_HUB_CACHE, else $HF_HOME/hub
-    media_root: str | None = None  # extracted videos; null: $HF_HOME/<the split's media dir> (lmms-eval's folders)
-    progress: bool = True  # progress bars of downloads and extraction
-
-    def __post_init__(self):
-        if self.source not in ("auto", "local", "hub"):
-            raise ValueError(f"hub.source must be auto, local or hub, got {self.source!r}")
 
 
 @dataclass

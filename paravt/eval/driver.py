@@ -15,8 +15,8 @@ OpenAI-compatible server: SGLang or vLLM; ``server.launch=sglang`` starts ``serv
 SGLang servers, health-checks them and restarts them between datasets).
 
 The stage in files: :mod:`paravt.eval.config` (the typed config), :mod:`paravt.eval.identity`
-(the resume identity), this module (the run loop), :mod:`paravt.eval.summary` (scores, summaries,
-the lost-work check) and :mod:`paravt.eval.report` (the quickstart's comparisons).
+(the resume identity), this module (the run loop) and :mod:`paravt.eval.summary` (scores, summaries,
+the lost-work check); what the results mean across cells and seeds is :mod:`paravt.analysis`.
 """
 
 from __future__ import annotations
@@ -32,21 +32,18 @@ from pathlib import Path
 from typing import Any
 
 from paravt.agent.episode import EpisodeSample, OverviewCache, run_episode
+from paravt.agent.tools import recipe_call_parser
 from paravt.core.config import parse_cli
 from paravt.core.metrics import append_jsonl, json_line, read_jsonl
-from paravt.core.scoring import episode_well_formed
+from paravt.core.scoring import episode_well_formed, extract_mcq_letter
 from paravt.data.schema import DataError
 from paravt.engines.factory import build_engine
-from paravt.core.scoring import extract_mcq_letter
 from paravt.eval.config import EvalConfig, episode_config
-from paravt.eval.identity import IDENTITY_EXCLUDED, ResumeMismatch, _git_commit, run_identity
+from paravt.eval.identity import ResumeMismatch, git_commit, run_identity
 from paravt.eval.judge import MCQJudge
-from paravt.eval.splits import EvalSample, LoadReport, count_check, load_split, read_srt  # noqa: F401
-from paravt.eval.summary import answer_readable, headline, lost_work, markdown_table, score, summarize
-
-# The driver's public names (the config, identity and summary helpers live in their own modules).
-__all__ = ["EvalConfig", "Evaluator", "IDENTITY_EXCLUDED", "episode_config", "headline", "lost_work", "main",
-           "run_identity", "score", "summarize"]
+from paravt.eval.sample import BenchmarkItem
+from paravt.eval.splits import LoadReport, count_check, load_split, read_srt
+from paravt.eval.summary import answer_readable, lost_work, markdown_table, score, summarize
 
 log = logging.getLogger("paravt.eval")
 
@@ -86,6 +83,7 @@ class Evaluator:
         self.handles: list = []  # EngineHandle per engine (servers this run launched stop with them)
         self._owner: Evaluator | None = None  # the evaluator whose engines this one shares (adopt)
         self.judge: MCQJudge | None = None  # the MCQ judge fallback's client, per split (its own event loop)
+        self.parser = recipe_call_parser(cfg.tools)  # how the well-formedness check reads the turns' tool calls
 
     # ------------------------------------------------------------------ engines
     def _start(self) -> None:
@@ -147,7 +145,7 @@ class Evaluator:
         return self.engine[i % len(self.engine)] if isinstance(self.engine, list) else self.engine
 
     # ------------------------------------------------------------------ one split
-    def _load(self, split: str) -> list[EvalSample]:
+    def _load(self, split: str) -> list[BenchmarkItem]:
         reports: list[LoadReport] = []
         samples = load_split(split, self.cfg.data_root, self.cfg.split_paths.get(split), self.cfg.hub, reports)
         warn = count_check(split, len(samples))
@@ -161,7 +159,7 @@ class Evaluator:
             samples = [dataclasses.replace(s, id=f"{s.id}#s{k}") for s in samples for k in range(n)]
         return samples
 
-    async def _one(self, i: int, s: EvalSample, cache: OverviewCache) -> dict[str, Any]:
+    async def _one(self, i: int, s: BenchmarkItem, cache: OverviewCache) -> dict[str, Any]:
         cfg = self.cfg
         rec: dict[str, Any] = {"id": s.id, "split": s.split, "question_type": s.question_type, "answer": s.answer,
                                "duration_bucket": s.duration_bucket, "task": s.task, "tool_calls": 0}
@@ -202,7 +200,7 @@ class Evaluator:
         rec.update({"tool_calls": traj.stats["tool_calls"], "turns": len(traj.turns), "end_reason": traj.end_reason,
                     # direct prompts have no tool structure to follow: compliant = an answer of the
                     # question's kind was read (a letter, a span, a non-empty text)
-                    "well_formed": episode_well_formed([t.text for t in traj.turns])
+                    "well_formed": episode_well_formed([t.text for t in traj.turns], self.parser)
                     if cfg.prompt_mode != "direct" else answer_readable(rec, s.question_type), "seconds": round(time.perf_counter() - t0, 3)})
         if cfg.save_trajectory:
             rec["trajectory"] = traj.redacted(thumbnails=cfg.trajectory_thumbnails)
@@ -241,7 +239,7 @@ class Evaluator:
                         p.rename(p.with_name(p.name + f".{stamp}.bak"))
                 log.warning("%s: starting over (%s); old results kept as *.%s.bak", split,
                             "resume=never" if cfg.resume == "never" else "settings changed: " + ", ".join(diff), stamp)
-        record = {"identity": ident, "git_commit": _git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        record = {"identity": ident, "git_commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "limit": cfg.limit}
         self.root.mkdir(parents=True, exist_ok=True)
         _atomic_json(cfg_path, record)

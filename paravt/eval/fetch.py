@@ -28,13 +28,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-from paravt.eval.splits import SPLITS, load_split, split_name
-
-# The Hub access itself lives below splits and fetch (paravt.eval.hub); its names are re-exported here.
-from paravt.eval.hub import (  # noqa: E402,F401
-    MARKER_DIR, Archive, HubOptions, HubUnavailable, extract, find_archives, media_dir, prepare, snapshot,
-)
+from paravt.eval.hub import HubConfig, HubUnavailable, media_dir, prepare, snapshot
+from paravt.eval.splits import LoadReport, SPLITS, load_split, split_name
 
 
 @dataclass
@@ -62,10 +57,9 @@ def fetch_split(name: str, *, cache_dir: str | None = None, media_root: str | No
     else:
         res.snapshot = prepare(c, download=download, cache_dir=cache_dir, media_root=media_root, progress=progress,
                                counts=res.archives)
-    from paravt.eval.splits import LoadReport  # noqa: PLC0415
     reports: list[LoadReport] = []
     samples = load_split(c.name, "", None,
-                         HubOptions(source="hub", cache_dir=cache_dir, media_root=media_root), reports)
+                         HubConfig(source="hub", cache_dir=cache_dir, media_root=media_root), reports)
     res.samples, res.with_video = len(samples), sum(s.video_exists for s in samples)
     res.report = reports[0].line(len(samples)) if reports else ""
     return res

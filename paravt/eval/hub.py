@@ -1,18 +1,17 @@
 """Hugging Face Hub access of the benchmark splits, below both :mod:`paravt.eval.splits` (which looks
 a split up in the cache) and :mod:`paravt.eval.fetch` (the download CLI): a split's snapshot from the
 Hub cache (``huggingface_hub.snapshot_download``), its archives found and extracted (resumable, content
-checked), and where its media land. Knows a split only through its :class:`HubSource` fields."""
+checked), and where its media land; :class:`HubConfig` is where a split is looked up (the eval config's
+``hub``). Knows a split only through its :class:`HubSource` fields."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-
-if TYPE_CHECKING:  # type hints only: splits imports this module
-    from paravt.eval.splits import SplitConfig
+from paravt.data.archives import extract, find_archives
+from paravt.eval.sample import SplitConfig
 
 
 def hf_home() -> Path:
@@ -24,12 +23,17 @@ class HubUnavailable(RuntimeError):
 
 
 @dataclass
-class HubOptions:
-    """Where a split's Hub copy is looked up (the eval config's ``hub`` has the same fields)."""
-    source: str = "auto"  # auto: data_root first, then the Hub cache | local | hub
-    download: bool = False  # download (and extract) a split the cache does not hold
-    cache_dir: str | None = None  # None: huggingface_hub's (HF_HUB_CACHE, else $HF_HOME/hub)
-    media_root: str | None = None  # None: $HF_HOME/<media dir of the split>
+class HubConfig:
+    """Where a split is looked up when data_root/<dir> does not hold it (python -m paravt.eval.fetch)."""
+    source: str = "auto"  # auto: data_root first, then the Hugging Face cache | local: data_root only | hub: the cache only
+    download: bool = False  # true: download + extract a split the cache lacks on first use (the release does; GBs)
+    cache_dir: str | None = None  # Hub cache; null: HF_HUB_CACHE, else $HF_HOME/hub
+    media_root: str | None = None  # extracted videos; null: $HF_HOME/<the split's media dir> (lmms-eval's folders)
+    progress: bool = True  # progress bars of downloads and extraction
+
+    def __post_init__(self):
+        if self.source not in ("auto", "local", "hub"):
+            raise ValueError(f"hub.source must be auto, local or hub, got {self.source!r}")
 
 
 def snapshot(c: SplitConfig, *, download: bool = False, cache_dir: str | None = None, with_media: bool = False) -> Path:
@@ -51,10 +55,6 @@ def snapshot(c: SplitConfig, *, download: bool = False, cache_dir: str | None = 
         hint = "" if download else " (not in the cache; python -m paravt.eval.fetch downloads it)"
         raise HubUnavailable(f"{c.hub.repo_id}: {type(exc).__name__}: {msg}{hint}") from None
     return Path(path)
-
-
-# The archives (finding, extracting) live below the stages: paravt.data.archives.
-from paravt.data.archives import MARKER_DIR, Archive, extract, find_archives  # noqa: E402,F401
 
 
 def media_dir(c: SplitConfig, media_root: str | None = None) -> Path:

@@ -35,7 +35,7 @@ def weights_fingerprint(model: str) -> str:
     return h.hexdigest()[:16]
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     import subprocess  # noqa: PLC0415
 
     try:

@@ -1,5 +1,5 @@
 """One loader per benchmark layout: the annotation rows a publisher (or the Hub copy) ships, read into
-:class:`~paravt.eval.sample.EvalSample` objects with options lettered A, B, C, ... and the gold as a
+:class:`~paravt.eval.sample.BenchmarkItem` objects with options lettered A, B, C, ... and the gold as a
 letter, a span or a text. Which loader reads which file is the split registry's business
 (:data:`paravt.eval.splits.SPLITS`, ``Layout.loader``)."""
 
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pyarrow.parquet as pq
 
-from paravt.eval.sample import LETTERS, MCQ_SUFFIX, _LETTER_PREFIX, EvalSample, Roots, SplitConfig
+from paravt.eval.sample import LETTER_PREFIX, LETTERS, MCQ_SUFFIX, BenchmarkItem, Roots, SplitConfig
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def _clean_options(options: list[Any]) -> list[str]:
     out = []
     for i, o in enumerate(options):
         o = str(o).strip()
-        m = _LETTER_PREFIX.match(o)
+        m = LETTER_PREFIX.match(o)
         if m and i < len(LETTERS) and m.group(1) == LETTERS[i]:
             o = o[m.end():].strip()
         out.append(o)
@@ -73,17 +73,17 @@ def _letter_of(answer: Any, options: list[str]) -> str:
     a = str(answer).strip()
     if a in options:
         return LETTERS[options.index(a)]
-    m = _LETTER_PREFIX.match(a + " ")
+    m = LETTER_PREFIX.match(a + " ")
     return m.group(1) if m and len(a.strip("().: ")) == 1 else a
 
 
 # ---------------------------------------------------------------------------------- loaders
-def load_videomme(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+def load_videomme(c: SplitConfig, roots: Roots, ann: Path) -> list[BenchmarkItem]:
     out = []
     for r in _rows(ann):
         vid = r["videoID"]
         opts = _clean_options(list(r["options"]))
-        out.append(EvalSample(str(r["question_id"]), c.name,
+        out.append(BenchmarkItem(str(r["question_id"]), c.name,
                               roots.find(f"data/{vid}.mp4", (f"data/{vid}.MP4", f"data/{vid}.mkv")),
                               _mcq_question(r["question"], opts), str(r["answer"]).strip(), "mcq",
                               r.get("duration", ""), r.get("task_type", ""),
@@ -91,15 +91,15 @@ def load_videomme(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
     return out
 
 
-def _lvb_sample(c: SplitConfig, roots: Roots, r: dict[str, Any], i: int, options: list[Any]) -> EvalSample:
+def _lvb_sample(c: SplitConfig, roots: Roots, r: dict[str, Any], i: int, options: list[Any]) -> BenchmarkItem:
     opts = _clean_options(options)
-    return EvalSample(str(r.get("id", f"{r['video_id']}_{i}")), c.name, roots.find(f"videos/{r['video_path']}"),
+    return BenchmarkItem(str(r.get("id", f"{r['video_id']}_{i}")), c.name, roots.find(f"videos/{r['video_path']}"),
                       _mcq_question(r["question"], opts), _letter_of(r["correct_choice"], opts), "mcq",
                       str(r.get("duration_group", "")), r.get("question_category", ""),
                       duration=r.get("duration"), options=opts)
 
 
-def load_longvideobench(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+def load_longvideobench(c: SplitConfig, roots: Roots, ann: Path) -> list[BenchmarkItem]:
     """lvb_val.json (``candidates``) or the Hub's validation parquet (``option0..option4``, "N/A" unused)."""
     out = []
     for i, r in enumerate(_rows(ann)):
@@ -110,9 +110,9 @@ def load_longvideobench(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSam
     return out
 
 
-def _lvbench_sample(c: SplitConfig, roots: Roots, qa: dict[str, Any], video_rel: str, dur: float | None) -> EvalSample:
+def _lvbench_sample(c: SplitConfig, roots: Roots, qa: dict[str, Any], video_rel: str, dur: float | None) -> BenchmarkItem:
     qt = qa.get("question_type")
-    return EvalSample(str(qa["uid"]), c.name, roots.find(video_rel), qa["question"].strip() + "\n" + MCQ_SUFFIX,
+    return BenchmarkItem(str(qa["uid"]), c.name, roots.find(video_rel), qa["question"].strip() + "\n" + MCQ_SUFFIX,
                       str(qa["answer"]).strip(), "mcq", _bucket(dur, c.duration_buckets),
                       ",".join(qt) if isinstance(qt, (list, tuple)) else str(qt or ""), duration=dur,
                       options=_inline_options(qa["question"]))
@@ -123,7 +123,7 @@ def _minutes(info: Any) -> float | None:
     return float(d) * 60 if d is not None else None
 
 
-def load_lvbench(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+def load_lvbench(c: SplitConfig, roots: Roots, ann: Path) -> list[BenchmarkItem]:
     """THUDM/LVBench: one video per line (key, video_info, qa[{uid, question with "(A) …" lines, answer}])."""
     out = []
     for v in _rows(ann):
@@ -132,7 +132,7 @@ def load_lvbench(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
     return out
 
 
-def load_lvbench_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+def load_lvbench_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[BenchmarkItem]:
     """lmms-lab/LVBench: one question per row (uid, question, answer, question_type, video_path, video_info)."""
     return [_lvbench_sample(c, roots, r, r["video_path"], _minutes(r.get("video_info"))) for r in _rows(ann)]
 
@@ -147,12 +147,12 @@ def _stem_without_options(question: str, options: list[str]) -> str:
     return question
 
 
-def _mlvu_sample(c: SplitConfig, roots: Roots, r: dict[str, Any], sid: str, video_rel: str, task: str) -> EvalSample:
+def _mlvu_sample(c: SplitConfig, roots: Roots, r: dict[str, Any], sid: str, video_rel: str, task: str) -> BenchmarkItem:
     """An MLVU row either way it is written: ``question`` a bare stem or already ending with the
     ``(A) …`` option lines; ``answer`` the option's text or its letter."""
     opts = _clean_options(list(r["candidates"]))
     dur = r.get("duration")
-    return EvalSample(sid, c.name, roots.find(video_rel), _mcq_question(_stem_without_options(r["question"], opts), opts),
+    return BenchmarkItem(sid, c.name, roots.find(video_rel), _mcq_question(_stem_without_options(r["question"], opts), opts),
                       _letter_of(r["answer"], opts), "mcq", _bucket(dur, c.duration_buckets), task,
                       duration=dur, options=opts)
 
@@ -167,7 +167,7 @@ def _skip_generation_rows(rows: list[tuple[str, dict]]) -> list[tuple[str, dict]
     return keep
 
 
-def load_mlvu(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+def load_mlvu(c: SplitConfig, roots: Roots, ann: Path) -> list[BenchmarkItem]:
     """MLVU/MVLU (the publisher): MLVU/json/<n>_<task>.json, MLVU/video/<n>_<task>/<video>."""
     rows = [(f.stem, r) for f in sorted(ann.glob("*.json")) for r in json.loads(f.read_text())]
     index = Counter()
@@ -180,7 +180,7 @@ def load_mlvu(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
     return out
 
 
-def load_mlvu_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+def load_mlvu_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[BenchmarkItem]:
     """sy1998/MLVU_dev: one question per row (video_name, duration, question, candidates, answer text,
     task_type, question_id); its zips extract to <video_name>."""
     out = []
@@ -190,7 +190,7 @@ def load_mlvu_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
     return out
 
 
-def load_mmvu(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+def load_mmvu(c: SplitConfig, roots: Roots, ann: Path) -> list[BenchmarkItem]:
     out = []
     for r in _rows(ann):
         url = str(r["video"])
@@ -206,7 +206,7 @@ def load_mmvu(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
                 opts = [f"{k}. {v}" for k, v in zip(keys, opts)]
         else:
             q, qt, ans = r["question"], "oe", r["answer"]
-        out.append(EvalSample(str(r["id"]), c.name, roots.find(rel), q, ans, qt, "",
+        out.append(BenchmarkItem(str(r["id"]), c.name, roots.find(rel), q, ans, qt, "",
                               (r.get("metadata") or {}).get("subject", "") or r.get("subject", ""), options=opts))
     return out
 
@@ -216,7 +216,7 @@ def _charades_question(sentence: str) -> str:
             "Answer with the start and end time in seconds as [start, end].")
 
 
-def load_charades(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+def load_charades(c: SplitConfig, roots: Roots, ann: Path) -> list[BenchmarkItem]:
     """The original Charades-STA test file: "<vid> <start> <end>##<sentence>" per line."""
     out = []
     for i, line in enumerate(ann.read_text().splitlines()):
@@ -224,23 +224,23 @@ def load_charades(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
             continue
         head, sentence = line.split("##", 1)
         vid, s, e = head.split()
-        out.append(EvalSample(f"{vid}_{i}", c.name, roots.find(f"Charades_v1_480/{vid}.mp4"), _charades_question(sentence),
+        out.append(BenchmarkItem(f"{vid}_{i}", c.name, roots.find(f"Charades_v1_480/{vid}.mp4"), _charades_question(sentence),
                               [float(s), float(e)], "tvg", "", "grounding"))
     return out
 
 
-def load_charades_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+def load_charades_hub(c: SplitConfig, roots: Roots, ann: Path) -> list[BenchmarkItem]:
     """lmms-lab/charades_sta: video ("<vid>.mp4"), caption, timestamp (two float16). float16 holds
     24.3 as 24.296875: the original annotations have one decimal, so the span is rounded to it."""
     out = []
     for i, r in enumerate(_rows(ann)):
         span = [round(float(t), 1) for t in r["timestamp"]]
-        out.append(EvalSample(f"{Path(r['video']).stem}_{i}", c.name, roots.find(f"Charades_v1_480/{r['video']}"),
+        out.append(BenchmarkItem(f"{Path(r['video']).stem}_{i}", c.name, roots.find(f"Charades_v1_480/{r['video']}"),
                               _charades_question(r["caption"]), span, "tvg", "", "grounding"))
     return out
 
 
-def load_synthetic(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
+def load_synthetic(c: SplitConfig, roots: Roots, ann: Path) -> list[BenchmarkItem]:
     from paravt.data.schema import load_rl_rows  # noqa: PLC0415
 
     rows, _ = load_rl_rows([ann], check_media=False)
@@ -253,14 +253,14 @@ def load_synthetic(c: SplitConfig, roots: Roots, ann: Path) -> list[EvalSample]:
                 ans = json.loads(ans)
             except ValueError:
                 pass  # not a span: check_sample drops the row and counts it
-        out.append(EvalSample(r.sample_id, c.name, r.video, r.question, ans, r.question_type,
+        out.append(BenchmarkItem(r.sample_id, c.name, r.video, r.question, ans, r.question_type,
                               _bucket(d, c.duration_buckets), r.question_type, duration=d,
                               span=r.extra_info.get("span"),
                               options=_inline_options(r.question) if r.question_type == "mcq" else []))
     return out
 
 
-LOADERS: dict[str, Callable[[SplitConfig, Roots, Path], list[EvalSample]]] = {
+LOADERS: dict[str, Callable[[SplitConfig, Roots, Path], list[BenchmarkItem]]] = {
     "videomme": load_videomme, "longvideobench": load_longvideobench, "lvbench": load_lvbench,
     "lvbench_hub": load_lvbench_hub, "mlvu": load_mlvu, "mlvu_hub": load_mlvu_hub, "mmvu": load_mmvu,
     "charades": load_charades, "charades_hub": load_charades_hub, "synthetic": load_synthetic,

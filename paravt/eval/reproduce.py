@@ -21,8 +21,10 @@ from pathlib import Path
 
 from paravt.core.config import load_config
 from paravt.core.prompts import available_modes
-from paravt.eval.driver import EvalConfig, Evaluator, engine_key, headline, lost_work
+from paravt.eval.config import EvalConfig
+from paravt.eval.driver import Evaluator, engine_key
 from paravt.eval.identity import ResumeMismatch
+from paravt.eval.summary import headline, lost_work
 from paravt.eval.table1 import SpecError, cell_rows, cell_table, load_spec
 from paravt.eval.table1_claims import check_claims, claims_table
 

@@ -1,5 +1,6 @@
-"""What an eval sample is and how a benchmark split is described: the types the split registry
-(:mod:`paravt.eval.splits`) and the per-benchmark row loaders (:mod:`paravt.eval.loaders`) share."""
+"""What one benchmark item is and how a benchmark split is described: the types the split registry
+(:mod:`paravt.eval.splits`), the per-benchmark row loaders (:mod:`paravt.eval.loaders`) and the Hub
+access (:mod:`paravt.eval.hub`) share."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from typing import Any
 
 LETTERS = "ABCDEFGHIJ"
 MCQ_SUFFIX = "Answer with the option's letter from the given choices directly."
-_LETTER_PREFIX = re.compile(r"^\(?([A-J])[.):]\s*")
+LETTER_PREFIX = re.compile(r"^\(?([A-J])[.):]\s*")
 
 
 @dataclass
-class EvalSample:
+class BenchmarkItem:
+    """One question of a benchmark split with its video and gold answer, as the eval driver runs it."""
+
     id: str
     split: str
     video: str

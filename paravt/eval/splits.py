@@ -41,10 +41,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from paravt.eval.hub import hf_home
+from paravt.eval.hub import HubUnavailable, hf_home, prepare, snapshot
 from paravt.eval.loaders import LOADERS
-from paravt.eval.sample import (LETTERS, _LETTER_PREFIX, EvalSample, HubSource, Layout, Roots,  # noqa: F401 (re-exported)
-                                SplitConfig)
+from paravt.eval.sample import LETTER_PREFIX, LETTERS, BenchmarkItem, HubSource, Layout, Roots, SplitConfig
 
 log = logging.getLogger(__name__)
 
@@ -192,14 +191,14 @@ def media_roots(c: SplitConfig, snapshot: Path, media_root: str | None = None) -
     return out + [snapshot]
 
 
-def check_sample(s: EvalSample, c: SplitConfig) -> str | None:
+def check_sample(s: BenchmarkItem, c: SplitConfig) -> str | None:
     """Why a loaded row is wrong (it is then dropped and counted), or None."""
     if s.question_type == "mcq":
         if not s.options:
             return "no options"
         if any(not o for o in s.options):
             return "an empty option"
-        if any(_LETTER_PREFIX.match(o) for o in s.options):
+        if any(LETTER_PREFIX.match(o) for o in s.options):
             return "an option carries another letter (doubled or shuffled letters)"
         if not (isinstance(s.answer, str) and len(s.answer) == 1 and s.answer in LETTERS[:len(s.options)]):
             return "gold letter not among the options"
@@ -247,7 +246,6 @@ def _resolve(c: SplitConfig, data_root: str | Path, path_override: str | None, h
             return Roots(root, [root], "local"), hit[0], hit[1]
         looked.append(f"{root}/{{{', '.join(lay.annotation for lay in c.layouts)}}}")
     if c.hub is not None and not path_override and source != "local":
-        from paravt.eval.hub import HubUnavailable, prepare, snapshot  # noqa: PLC0415
         try:
             if getattr(hub, "download", False):  # first use: download and extract like python -m paravt.eval.fetch
                 snap = prepare(c, download=True, cache_dir=getattr(hub, "cache_dir", None),
@@ -267,7 +265,7 @@ def _resolve(c: SplitConfig, data_root: str | Path, path_override: str | None, h
 
 
 def load_split(name: str, data_root: str | Path, path_override: str | None = None, hub: Any = None,
-               report: list[LoadReport] | None = None) -> list[EvalSample]:
+               report: list[LoadReport] | None = None) -> list[BenchmarkItem]:
     """The checked samples of one split (see the module docstring for where it is looked up).
     ``hub``: an object with ``source`` (auto | local | hub), ``download``, ``cache_dir``,
     ``media_root`` (the eval config's ``hub``); ``report`` gets the LoadReport appended."""

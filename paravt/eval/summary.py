@@ -11,7 +11,7 @@ from paravt.core.scoring import extract_mcq_letter, recall_at
 from paravt.core.scoring import score as score_completion
 
 if TYPE_CHECKING:
-    from paravt.eval.splits import EvalSample
+    from paravt.eval.sample import BenchmarkItem
 
 def bootstrap_stderr(values: list[float], seed: int = 0, n_boot: int = 1000) -> float:
     """Standard error of the mean by a seeded bootstrap (as lmms-eval reports per metric)."""
@@ -33,7 +33,7 @@ def answer_readable(rec: dict[str, Any], qtype: str) -> bool:
     return bool(str(rec.get("pred") or "").strip())
 
 
-def score(sample: EvalSample, completion: str) -> dict[str, Any]:
+def score(sample: BenchmarkItem, completion: str) -> dict[str, Any]:
     """The record fields of :func:`paravt.core.scoring.score` (``score``: correct for mcq/oe, IoU for tvg)."""
     sc = score_completion(completion, sample.answer, sample.question_type, "f1")
     if sample.question_type == "tvg":

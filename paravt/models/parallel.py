@@ -19,6 +19,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -275,9 +276,19 @@ def save_resumable(path: Path, model, optimizer, trainer_state: dict[str, Any], 
     barrier()
 
 
-def mark_complete(path: Path, dist_info: DistInfo, keep_last: int | None = None) -> None:
+def mark_complete(path: Path, dist_info: DistInfo, keep_last: int | None = None, fs_timeout_s: float = 60.0) -> None:
+    """Mark ``path`` COMPLETE once every rank's files are written and visible to rank 0 (on several nodes a
+    shared filesystem may show another node's file late: waited for up to ``fs_timeout_s``); then prune to
+    the ``keep_last`` newest complete checkpoints."""
     barrier()
     if dist_info.is_main:
+        wanted = [path / "trainer_state.json", *(path / f"rank{r}.pt" for r in range(dist_info.world_size))]
+        deadline = time.monotonic() + fs_timeout_s
+        while (missing := [f.name for f in wanted if f.name not in os.listdir(f.parent)]) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the folder listed afresh each time (NFS caches lookups)
+        if missing:
+            raise RuntimeError(f"checkpoint {path} is not complete: {', '.join(missing)} not visible after "
+                               f"{fs_timeout_s:g} s (every rank writes its files under one shared output_dir)")
         (path / COMPLETE).write_text("ok\n")
         if keep_last:
             done = sorted(p for p in path.parent.glob("step_*") if (p / COMPLETE).exists())

@@ -5,7 +5,8 @@ the typed config, train, report, and end the way the launchers rely on.
 * a run that stops itself (:class:`RunAborted`: lost work, a failed weight push) is one line and
   exit 3 with a resumable checkpoint;
 * under ``scripts/_common.sh:torchrun_supervised`` either is also written to ``$PARAVT_ABORT_FILE``
-  (:func:`report_abort`), so torchrun's restarts never resume a run that stopped on purpose.
+  (:func:`paravt.core.shared_fs.report_abort`), so torchrun's restarts never resume a run that stopped
+  on purpose.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import importlib
 import logging
 import os
 import sys
+
+from paravt.core.shared_fs import report_abort, stopped_on_purpose
 
 
 class RunAborted(RuntimeError):
@@ -29,41 +32,6 @@ class RunAborted(RuntimeError):
         self.collectives_broken = collectives_broken
         # True when this rank stopped because another rank went away (its line is not the cause)
         self.consequence = consequence
-
-
-ABORT_FILE_ENV = "PARAVT_ABORT_FILE"
-
-
-def report_abort(code: int, line: str, cause: bool = True) -> None:
-    """Record a deliberate stop (bad input, lost work) for the launcher: ``code<TAB>line`` in the file
-    ``$PARAVT_ABORT_FILE`` names (set by ``scripts/_common.sh:torchrun_supervised``). Rank 0's line
-    wins (it names the cause; the others only say rank 0 failed): rank 0 replaces the file, another
-    rank writes it only while it does not exist — and so does rank 0 when ``cause`` is False (it stopped
-    because another rank went away, whose line names the cause). torchrun restarts a group whose worker failed; the
-    restarted workers see the file and end at once (:func:`stopped_on_purpose`), and the launcher exits
-    with ``code`` and ``line`` instead of resuming a run that stopped itself."""
-    path = os.environ.get(ABORT_FILE_ENV)
-    if not path:
-        return
-    text = f"{int(code)}\t{' '.join(line.split())}\n"
-    if int(os.environ.get("RANK", 0)) == 0 and cause:
-        tmp = f"{path}.rank0"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        return
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
-def stopped_on_purpose() -> bool:
-    """True in a worker torchrun restarted after the run stopped itself (:func:`report_abort`)."""
-    path = os.environ.get(ABORT_FILE_ENV)
-    return bool(path) and os.path.exists(path)
 
 
 def end_stopped_run(exc: Exception, prog: str, is_main: bool):

@@ -103,7 +103,7 @@ class AgentConfig:
 @dataclass
 class GRPOConfig:
     n_samples: int = 8  # rollouts per prompt (the group)
-    prompts_per_step: int = 7  # prompts per step; a multiple of the trainer world size
+    prompts_per_step: int = 7  # prompts per step (any count: the step's samples split over the trainer ranks by tokens)
     temperature: float = 0.7  # rollout sampling temperature
     top_p: float = 1.0  # rollout nucleus sampling
     reward_bias: float = -0.2  # shaped reward = (r + bias) * scale
@@ -176,6 +176,16 @@ class RolloutConfig:
     # launched ones; the run pushes its start weights to them first. Weights reach them as a directory
     # path: it must be the same path on their machines (a shared filesystem for output_dir).
     urls: list[str] = field(default_factory=list)
+    # Where trainer ranks and rollout servers go over the nodes (paravt.rl.layout): one entry per node in
+    # NODE_RANK order, comma-separated, each its parts joined by + in GPU order: train:N, rollout:S or
+    # rollout:SxT (S servers of T GPUs), ENTRY*K for K alike nodes; e.g. train:7+rollout:1,rollout:8. Each
+    # node's launcher starts its own servers and trainer rank 0 finds them through output_dir; replicas,
+    # the server's gpus / tp_size and NPROC are then not read. Empty: servers on node 0, launched by rank 0.
+    layout: str = ""
+    # vllm with two or more servers: requests through vllm-router (paravt.engines.router; sticky by episode, a
+    # dead server evicted and its requests sent again; weight pushes still to each server). false: the pool
+    # sends each request to its server itself. SGLang always uses the pool (GUIDE "Routers" says why).
+    router: bool = True
     weight_sync: str = "auto"  # auto | broadcast | disk (see above)
     bucket_mb: int = 1024  # broadcast: MiB per bucket (rank 0's extra memory during a push: one bucket + one parameter)
     sync_backend: str = "auto"  # broadcast: auto (nccl when the trainer and the servers have GPUs, else gloo) | nccl | gloo
@@ -201,7 +211,12 @@ class RolloutConfig:
     def __post_init__(self):
         if self.engine not in ("hf", "hf_server", "sglang", "vllm"):
             raise ValueError(f"rollout.engine must be hf, hf_server, sglang or vllm, got {self.engine!r}")
-        if self.replicas < 0 or (self.engine in ("sglang", "vllm") and self.replicas == 0 and not self.urls):
+        if self.layout:
+            from paravt.rl.layout import check_layout  # noqa: PLC0415
+
+            check_layout(self.layout, engine=self.engine, urls=self.urls)
+        if self.replicas < 0 or (not self.layout and self.engine in ("sglang", "vllm") and self.replicas == 0
+                                 and not self.urls):
             raise ValueError(f"rollout.replicas={self.replicas}: launch at least one server or give rollout.urls")
         if self.weight_sync not in ("auto", "broadcast", "disk"):
             raise ValueError(f"rollout.weight_sync must be auto, broadcast or disk, got {self.weight_sync!r}")
@@ -329,9 +344,15 @@ class RLConfig:
     def needs_cuda(self) -> str | None:
         """Why this recipe cannot run without CUDA (None: it can)."""
         r = self.rollout
-        if r.engine == "sglang" and r.replicas:  # launching SGLang needs GPUs; servers reached by rollout.urls do not
+        if r.layout:  # the layout's rollout parts launch servers; the vLLM CPU build takes them on CPU
+            from paravt.rl.layout import check_layout  # noqa: PLC0415
+
+            launches = any(n.count("rollout") for n in check_layout(r.layout))
+        else:
+            launches = r.replicas > 0
+        if r.engine == "sglang" and launches:  # launching SGLang needs GPUs; servers reached by rollout.urls do not
             return "rollout.engine=sglang runs on GPUs only"
-        if r.engine == "vllm" and r.vllm.gpus:
+        if r.engine == "vllm" and r.vllm.gpus and not r.layout:
             return f"rollout.vllm.gpus={r.vllm.gpus} (the CPU build takes gpus=[])"
         if self.trainer.attn_implementation == "flash_attention_2":
             return "trainer.attn_implementation=flash_attention_2 is a CUDA kernel"
@@ -355,8 +376,16 @@ class RLConfig:
         return "nccl" if trainer_on_cuda and servers_on_gpu else "gloo"
 
     def check_world_size(self, trainer_world_size: int) -> None:
-        """The batch must divide evenly over the trainer ranks (the paper: 7 prompts, 7 trainer GPUs)."""
-        if self.grpo.prompts_per_step % trainer_world_size:
+        """Any number of trainer ranks up to the step's main-agent samples (prompts_per_step × n_samples).
+        A step's samples are split over the ranks by tokens, uneven counts allowed, and a rank short of
+        forwards runs zero-mask padding, so no divisibility is needed. More ranks than samples would leave
+        some ranks with nothing but padding on every step (work that never reaches the gradient): refused."""
+        g = self.grpo
+        n = g.prompts_per_step * g.n_samples
+        if trainer_world_size < 1:
+            raise ValueError(f"the trainer world size must be >= 1, got {trainer_world_size}")
+        if trainer_world_size > n:
             raise ValueError(
-                f"grpo.prompts_per_step={self.grpo.prompts_per_step} must be a multiple of the trainer world size "
-                f"{trainer_world_size} (e.g. 7 prompts on 7 trainer GPUs + 1 rollout GPU); change one of them")
+                f"grpo.prompts_per_step={g.prompts_per_step} x grpo.n_samples={g.n_samples} = {n} samples a step "
+                f"cannot keep {trainer_world_size} trainer ranks busy (each sample trains on one rank): use at most "
+                f"{n} trainer ranks, or raise grpo.prompts_per_step to {-(-trainer_world_size // g.n_samples)}")

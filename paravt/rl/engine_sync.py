@@ -1,7 +1,8 @@
 """Trainer rank 0's rollout engine and the weight push to it, for :class:`paravt.rl.trainer.RLTrainer`.
 
 * :meth:`RolloutEngineMixin._start_engine` — the engine of ``rollout.engine`` (in-process, or
-  servers launched / reached by URL) with its timeouts and, for ``rollout.weight_sync=broadcast``,
+  servers launched / reached by URL / started by each node's launcher under ``rollout.layout``, vLLM's
+  behind ``vllm-router`` with ``rollout.router``) with its timeouts and, for ``rollout.weight_sync=broadcast``,
   the weight group's :class:`~paravt.engines.weight_push.BroadcastPush`.
 * :meth:`RolloutEngineMixin._push_weights` — every policy version to the engine; collective (every
   trainer rank gathers its shards), a failure checkpoints and stops the run (exit 3).
@@ -18,6 +19,7 @@ from paravt.engines.factory import build_engine
 from paravt.models import parallel
 from paravt.models.loading import resolve_dtype
 from paravt.models.stage_main import RunAborted
+from paravt.rl.layout import discovered_servers
 
 
 def prune_weight_dirs(root: Path, keep: int) -> list[Path]:
@@ -40,12 +42,21 @@ class RolloutEngineMixin:
     def _start_engine(self, weights: str) -> None:
         """Rank 0: the engine (``rollout.engine``) loaded with ``weights``; servers launched and healthy."""
         r = self.cfg.rollout
-        server = {"sglang": r.server, "vllm": r.vllm}.get(r.engine) if r.replicas else None
+        # a layout: every node's launcher started its own servers; rank 0 launches none and finds them all
+        found = discovered_servers() if r.layout else None
+        replicas = 0 if found is not None else r.replicas
+        server = {"sglang": r.server, "vllm": r.vllm}.get(r.engine) if replicas else None
         if server is not None and not server.log_file:
             server = dataclasses.replace(server, log_file=str(self.out / f"rollout_{r.engine}.log"))
+        router = None
+        if r.router and r.engine == "vllm":
+            from paravt.engines.router import RouterConfig  # noqa: PLC0415
+
+            router = RouterConfig(log_file=str(self.out / "rollout_router.log"))
         self.handle = build_engine(r.engine, weights, self.processor, dtype=r.dtype, seed=self.cfg.seed,
-                                   batch_wait_s=r.batch_wait_s, server=server, urls=r.urls, replicas=r.replicas,
-                                   log_file=self.out / "rollout_server.log", weight_version=self.global_step)
+                                   batch_wait_s=r.batch_wait_s, server=server, urls=[*(found or []), *r.urls],
+                                   replicas=replicas, log_file=self.out / "rollout_server.log",
+                                   weight_version=self.global_step, router=router)
         self.handle.control_timeout_s = r.control_timeout_s
         self.handle.load_timeout_s = r.sync_timeout_s
         self.handle.verify_first_push = r.verify_first_push

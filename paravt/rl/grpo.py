@@ -1,4 +1,4 @@
-"""PARA-GRPO: advantages and the policy loss, as functions of plain tensors.
+"""PARA-GRPO: advantages and the policy loss as functions, of plain tensors and of a step's samples.
 
 Where this departs from plain GRPO (group-normalised outcome reward, clipped surrogate,
 KL to a reference), every item a setting of the recipe:
@@ -22,7 +22,8 @@ KL to a reference), every item a setting of the recipe:
    exp(logp_prox − logp_behav) against the engine's log-probs; tokens whose weight exceeds
    ``behav_imp_weight_cap`` (5) are dropped from the loss.
 6. **Token-level aggregation**: the loss is summed over every policy token of the batch and
-   divided by their total count (across ranks), not averaged per sequence first.
+   divided by their total count (across ranks), not averaged per sequence first
+   (:func:`gtr_objective`, the objective the trainer backpropagates, with GTR's NLL term when on).
 7. KL to the frozen reference, coefficient 0.01, in one of two places (``kl_mode``):
    ``reward_k1`` (the release): a per-token reward −β·(log π_behav − log π_ref) whose
    return-to-go over the policy tokens is added to each token's advantage before the batch
@@ -31,8 +32,8 @@ KL to a reference), every item a setting of the recipe:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Callable, Sequence
 
 import torch
 
@@ -246,4 +247,153 @@ class WeightStats:
             b = int(torch.searchsorted(cdf, torch.tensor(q, dtype=torch.float64)))
             log_w = -self.span + (min(b, counts.numel() - 1) + 0.5) / self.per  # the bin's centre
             out[f"rollout_corr/behav_weight_p{q * 100:g}"] = float(torch.exp(torch.tensor(log_w)))
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# A step's loss: the functions the trainer calls, and its statistics
+# ---------------------------------------------------------------------------------------
+
+def policy_tokens(samples: Sequence) -> int:
+    """The tokens the loss reads in ``samples``: position t of ``loss_mask[1:]`` predicts token t+1."""
+    return sum(sum(s.loss_mask[1:]) for s in samples)
+
+
+def gtr_objective(rl_loss_sum, n_rl: float, nll_sum, n_sft: float, lam: float):
+    """L = L_PARA-GRPO + λ · mean NLL: both terms are token means (over policy / corrected-thought tokens),
+    so with no SFT tokens it is the PPO loss's token mean. Linear in both sums: the trainer backpropagates
+    it pack by pack with each pack's sums and the step's counts."""
+    return rl_loss_sum / max(n_rl, 1) + lam * nll_sum / max(n_sft, 1)
+
+
+def sft_nll(logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Sum of −log p over the masked (corrected-thought) tokens, and their count."""
+    mask = mask.bool()
+    return -(logp * mask).sum(), int(mask.sum())
+
+
+def batch_token_advantages(samples: Sequence, refs: dict[int, torch.Tensor] | None, kl_coef: float, token_norm: bool,
+                           sum_over_ranks: Callable[[float], float]) -> tuple[dict[int, torch.Tensor], float]:
+    """Per-token advantages of ``samples`` (keyed by ``id``) where they differ from each sequence's scalar,
+    and the k1 KL reward's sum over them (``ppo/kl_reward``). ``refs`` (the reference's log p of each
+    sample, by ``id``; None: no KL reward) adds the KL reward's return-to-go (:func:`token_advantages`);
+    ``token_norm`` normalises over the policy tokens of every rank (``sum_over_ranks``: the all-reduce).
+    Empty when neither applies."""
+    if refs is None and not token_norm:
+        return {}, 0.0
+    advs, masks, kl_sum = {}, {}, 0.0
+    for s in samples:
+        mask = torch.tensor(s.loss_mask[1:], dtype=torch.float64)
+        klr = None
+        if refs is not None:
+            klr = k1_kl_rewards(torch.tensor(s.behav_logprobs[1:], dtype=torch.float64), refs[id(s)].double().cpu(),
+                                mask, kl_coef)
+            kl_sum += float(klr.sum())
+        advs[id(s)], masks[id(s)] = token_advantages(s.advantage, mask, klr), mask
+    if token_norm:
+        tot, sq, n = (sum_over_ranks(x) for x in masked_moments(list(advs.values()), list(masks.values())))
+        advs = {k: normalize_with(a, masks[k], tot, sq, n) for k, a in advs.items()}
+    return advs, kl_sum
+
+
+def sample_loss(s, logp: torch.Tensor, ent: torch.Tensor, prox: torch.Tensor, ref: torch.Tensor | None,
+                adv: torch.Tensor | None, g, loss_kl: float, think_w: float, stats: StepStats) -> torch.Tensor:
+    """One sample's PPO (+ k3 KL) loss sum under the recipe's ``g`` (a GRPOConfig), its statistics into
+    ``stats``. ``adv``: its per-token advantages (None: the sample's scalar for every token); ``think_w``
+    weights the thought tokens' surrogate (GTR's c; 1 = off)."""
+    dev = logp.device
+    mask = torch.tensor(s.loss_mask[1:], device=dev, dtype=torch.bool)
+    behav = torch.tensor(s.behav_logprobs[1:], device=dev)
+    adv = adv.to(logp) if adv is not None else torch.full_like(logp, s.advantage)
+    think = torch.tensor(s.think_mask[1:], device=dev, dtype=torch.bool) if s.think_mask is not None else None
+    weight = None
+    if think is not None and think_w != 1.0:
+        weight = torch.where(think, torch.full_like(logp, think_w), torch.ones_like(logp))
+    out = ppo_token_loss(logp, prox, behav, ref, adv, mask, g.clip_eps, loss_kl, g.behav_imp_weight_cap,
+                         token_weight=weight, is_level=g.rollout_is, rs_level=g.rollout_rs, corr_cap=g.rollout_corr_cap)
+    stats.add_ppo(out, ent, (prox - behav).abs() * mask, mask, think, g.behav_imp_weight_cap)
+    return out.loss_sum
+
+
+@dataclass
+class StepStats:
+    """A step's loss statistics on one rank: sums over its policy tokens, the largest logprob gap and the
+    behaviour weights. :meth:`reduce` combines the ranks' (one all-reduce of every sum, one of the
+    maximum); :meth:`metrics` names them."""
+
+    loss: float = 0.0  # Σ PPO (+ k3 KL) loss
+    tokens: float = 0.0  # policy tokens (those over the behaviour-weight cap included)
+    clipped: float = 0.0  # tokens whose ratio was clipped
+    dropped: float = 0.0  # tokens over the behaviour-weight cap
+    kl: float = 0.0  # Σ k3 KL (kl_mode=loss_k3)
+    kl_reward: float = 0.0  # Σ k1 KL reward (kl_mode=reward_k1)
+    entropy: float = 0.0
+    gap: float = 0.0  # Σ |log p_prox − log p_behav|
+    truncated: float = 0.0  # rollout correction: tokens whose weight was truncated
+    rejected: float = 0.0  # rollout correction: tokens masked
+    ent_think: float = 0.0  # entropy on thought tokens, and their count
+    n_think: float = 0.0
+    ent_action: float = 0.0  # entropy on the other policy tokens of samples with a think mask, and their count
+    n_action: float = 0.0
+    sft_nll: float = 0.0  # GTR: Σ NLL of the corrected-thought tokens, and their count
+    sft_tokens: float = 0.0
+    gap_max: float = 0.0  # the largest |log p_prox − log p_behav|
+    weights: WeightStats = field(default_factory=WeightStats)
+
+    def _sums(self) -> list[str]:
+        return [f.name for f in fields(self) if f.name not in ("gap_max", "weights")]
+
+    def add_ppo(self, out: LossOutput, ent: torch.Tensor, gap: torch.Tensor, mask: torch.Tensor,
+                think: torch.Tensor | None, cap: float | None) -> None:
+        """One sample's loss output, entropy and logprob gap per token, policy and thought masks."""
+        ent = ent.detach()
+        self.loss += float(out.loss_sum.detach())
+        self.tokens += int(mask.sum())
+        self.clipped += out.clipped
+        self.dropped += out.dropped
+        self.kl += out.kl_sum
+        self.entropy += float((ent * mask).sum())
+        self.gap += float(gap.sum())
+        self.gap_max = max(self.gap_max, float(gap.max()) if gap.numel() else 0.0)
+        self.truncated += out.truncated
+        self.rejected += out.rejected
+        self.weights.add(out.log_w, cap)
+        if think is not None:
+            self.ent_think += float((ent * (mask & think)).sum())
+            self.n_think += int((mask & think).sum())
+            self.ent_action += float((ent * (mask & ~think)).sum())
+            self.n_action += int((mask & ~think).sum())
+
+    def add_sft(self, nll: float, n: int) -> None:
+        self.sft_nll += nll
+        self.sft_tokens += n
+
+    def reduce(self, sum_vector: Callable[[torch.Tensor], torch.Tensor],
+               maximum: Callable[[float], float]) -> StepStats:
+        """The statistics of every rank: ``sum_vector`` all-reduces a float64 vector, ``maximum`` a float."""
+        names = self._sums()
+        v = sum_vector(torch.cat([torch.tensor([getattr(self, k) for k in names], dtype=torch.float64),
+                                  self.weights.vector()]))
+        out = StepStats(**dict(zip(names, v[:len(names)].tolist())), gap_max=maximum(self.gap_max))
+        out.weights.sums, out.weights.counts = v[len(names):len(names) + 4], v[len(names) + 4:]
+        return out
+
+    def metrics(self, grad_norm: float, rollout_corr: bool, gtr_train: bool) -> dict[str, float]:
+        """The step's loss metrics (``rollout_corr``: the correction's ratios; ``gtr_train``: the NLL's)."""
+        m = max(self.tokens, 1.0)
+        out = {"ppo/loss": self.loss / m, "ppo/clip_ratio": self.clipped / m, "ppo/behav_dropped_ratio": self.dropped / m,
+               "ppo/kl": self.kl / m, "ppo/kl_reward": self.kl_reward / m, "ppo/entropy": self.entropy / m,
+               "rollout/logprob_gap": self.gap / m, "rollout/logprob_gap_max": self.gap_max,
+               "ppo/grad_norm": grad_norm, "ppo/tokens": self.tokens}
+        out.update(self.weights.metrics())
+        if rollout_corr:
+            out["rollout_corr/truncated_ratio"] = self.truncated / m
+            out["rollout_corr/rejected_ratio"] = self.rejected / m
+        if self.n_think:
+            out["ppo/entropy_think"] = self.ent_think / self.n_think
+        if self.n_action:
+            out["ppo/entropy_action"] = self.ent_action / self.n_action
+        if gtr_train:
+            out["gtr/nll"] = self.sft_nll / self.sft_tokens if self.sft_tokens else 0.0
+            out["gtr/sft_tokens"] = self.sft_tokens
         return out

@@ -11,9 +11,11 @@ With ``mode: train`` the loss is
 
     L = L_PARA-GRPO  +  λ · mean NLL(corrected-thought tokens)        (λ = gtr.sft_weight)
 
-with SFT samples drawn from the buffer at ``sft_ratio`` per RL sample (1:1 as in GTR), no
-ratio, clip or KL on them. The rollouts themselves are never replaced. ``mode: observe`` judges
-and logs the collapse metrics without the NLL term (a cheap diagnostic for any run).
+(:func:`paravt.rl.grpo.gtr_objective`, the function the trainer backpropagates) over the SFT
+samples :meth:`GTR.draw` returns, drawn from the buffer at ``sft_ratio`` per RL sample (1:1 as
+in GTR), no ratio, clip or KL on them. The rollouts themselves are never replaced. ``mode:
+observe`` judges and logs the collapse metrics without the NLL term (a cheap diagnostic for any
+run).
 
 Faithful to the GTR code: only thoughts judged wrong get an SFT target; a malformed turn (no
 closed, substantive thought) gets no correction (its format reward is already 0 under
@@ -43,9 +45,7 @@ import random
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import Any, Callable
 
 from paravt.core.scoring import ANSWER_RE, extract_span, normalize_answer, temporal_iou
 from paravt.core.seeding import stable_hash
@@ -192,29 +192,19 @@ def collapse_metrics(episodes: list[tuple[str, str, list[str]]]) -> dict[str, fl
     return m
 
 
-def sft_nll(logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Sum of −log p over the masked (corrected-thought) tokens, and their count."""
-    mask = mask.bool()
-    return -(logp * mask).sum(), int(mask.sum())
-
-
-def gtr_objective(rl_loss_sum: torch.Tensor, n_rl: int, nll_sum: torch.Tensor, n_sft: int, lam: float) -> torch.Tensor:
-    """L = L_PARA-GRPO + λ · mean NLL: both terms are token means (over policy / corrected tokens)."""
-    return rl_loss_sum / max(n_rl, 1) + lam * nll_sum / max(n_sft, 1)
-
-
 # ---------------------------------------------------------------------------------------
 # The component the trainer holds
 # ---------------------------------------------------------------------------------------
 
 class GTR:
-    """Rank 0 judges and buffers (in the rollout thread); every rank adds the NLL term."""
+    """Rank 0 judges and buffers (in the rollout thread) and draws each step's SFT samples; the trainer
+    adds their NLL term (:func:`paravt.rl.grpo.gtr_objective`, the objective it backpropagates)."""
 
     def __init__(self, cfg, processor, is_main: bool):
         self.cfg, self.g, self.processor, self.is_main = cfg, cfg.gtr, processor, is_main
         self.buffer = CorrectionBuffer(self.g.buffer_size, cfg.seed)
         self.corrector: Corrector | None = None
-        self.resolve_images = None  # (sample_id, k) -> ImageInputs, set by attach()
+        self.resolve_images: Callable[[str, int], Any] | None = None  # set by attach()
         self.dropped_on_resume = 0
         if is_main:
             self.corrector = self._build_corrector()
@@ -229,18 +219,10 @@ class GTR:
         world = g.world or _find_world(self.cfg.train_data)
         return OracleCorrector(world)
 
-    def attach(self, worker) -> None:
-        """Rank 0: re-decode buffered prefixes' images through the rollout worker's overview cache."""
-        samples = {s.sample_id: s for s in worker.schedule.samples}
-
-        def resolve(sample_id: str, k: int):
-            s = samples.get(sample_id)
-            if s is None:
-                return None
-            return worker.cache.get(s, k, worker.ecfg, worker.processor,
-                                    [t.schema for t in worker.tools.values()]).images
-
-        self.resolve_images = resolve
+    def attach(self, images_of: Callable[[str, int], Any]) -> None:
+        """Rank 0: where a buffered correction's images come from once they are gone (after a resume):
+        ``images_of(sample_id, K)``, the K-frame overview that prompt's episodes saw (None: unknown)."""
+        self.resolve_images = images_of
 
     # -- rollout side (rank 0, producer thread) ---------------------------------------
     async def process(self, step: int, trajs, samples) -> tuple[dict[str, float], list[Correction]]:
@@ -285,21 +267,6 @@ class GTR:
                 c.images = images
             out.append(Sample(c.input_ids, c.loss_mask, [0.0] * len(c.input_ids), images, 0.0, "sft"))
         return out
-
-    def nll_backward(self, trainer, samples: list[Sample], n_global: float) -> tuple[float, int]:
-        """Backward of λ · (Σ NLL of this rank's corrected-thought tokens) / (their count over all
-        ranks); returns (NLL sum, token count) of this rank. Collective-safe: every rank holds the
-        same number of samples (zero-mask padding)."""
-        scale = trainer.d.world_size / max(n_global, 1.0)
-        nll_tot, n_tot = 0.0, 0
-        for s in samples:
-            logp, _ = trainer._forward_logps(trainer.actor, s, temperature=1.0)
-            mask = torch.tensor(s.loss_mask[1:], device=logp.device)
-            nll, n = sft_nll(logp, mask)
-            (self.g.sft_weight * nll * scale).backward()
-            nll_tot += float(nll.detach())
-            n_tot += n
-        return nll_tot, n_tot
 
     def save(self, ckpt: Path) -> None:
         self.buffer.save(Path(ckpt) / BUFFER_FILE)

@@ -1,5 +1,6 @@
-"""The GPU split of ``run_rl.sh``: which GPUs of this node train, and how many trainer ranks the
-whole run has, before torchrun starts (``python -m paravt.rl.launch NGPU ROLLOUT_GPUS``).
+"""The GPU split of ``run_rl.sh`` without a ``rollout.layout`` (:func:`paravt.rl.layout.plan` uses it): which
+GPUs of this node train, and how many trainer ranks the whole run has, before torchrun starts (also
+``python -m paravt.rl.launch NGPU ROLLOUT_GPUS``, ``-`` for an empty list).
 
 * Recipe GPU numbers are the job's logical indices; a scheduler's ``CUDA_VISIBLE_DEVICES`` maps them
   to physical ones, so trainers get physical ids (the servers' launcher maps theirs the same way).
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     nnodes = int(os.environ.get("NNODES", 1))
     nproc = int(os.environ["NPROC"]) if os.environ.get("NPROC") else None
     gpus = trainer_gpus(ngpu, rollout, visible, node_rank)
-    print(",".join(gpus), nproc or len(gpus), world_size(ngpu, rollout, nnodes, nproc))
+    print(",".join(gpus) or "-", nproc or len(gpus), world_size(ngpu, rollout, nnodes, nproc))
     return 0
 
 

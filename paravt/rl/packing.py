@@ -16,14 +16,25 @@ most ``budget`` tokens, in order, so a prompt group's rollouts (consecutive in a
 
 Each sample's outputs equal its own forward's (``tests/rl/test_packing.py``): the same tokens, the
 same positions, attention restricted to the sample, the same image features.
+
+A step over several ranks: every rank holds the step's whole sample list, and each minibatch of it
+is cut into one consecutive run per rank of about equal token counts (:func:`split_by_tokens`:
+uneven sample counts, a group's rollouts together). FSDP's collectives need every rank to run as
+many forwards and backwards, so a rank's packs are split, then filled up with zero-mask copies of
+a sample (:func:`padding_sample`, :func:`equalize`) to the largest rank's count. Without FSDP
+(``trainer.strategy=none``) :func:`average_gradients` does what FSDP's gradient reduction does.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
+
+from paravt.models import parallel
 
 from paravt.models.packed_attention import packed_call
 from paravt.models.vision_attention import SHARED_KWARG
@@ -45,17 +56,66 @@ def bins(samples: Sequence, budget: int) -> list[list]:
     return out
 
 
-def equalize(packs: list[list], count: int) -> list[list]:
-    """``packs`` split until there are ``count`` of them (the most populous pack halved first), so every
-    rank runs as many forwards; a rank never needs more packs than it has samples."""
+def equalize(packs: list[list], count: int, pad) -> list[list]:
+    """``packs`` made ``count`` packs, so every rank runs as many forwards: the most populous pack halved
+    while one holds two samples, then packs of ``pad`` alone (a zero-mask sample: its forward and backward
+    add nothing to the loss)."""
     packs = [list(p) for p in packs]
     while len(packs) < count:
-        i = max(range(len(packs)), key=lambda j: len(packs[j]))
-        if len(packs[i]) < 2:
-            raise ValueError(f"cannot make {count} packs of {sum(map(len, packs))} samples")
+        i = max(range(len(packs)), key=lambda j: len(packs[j]), default=None)
+        if i is None or len(packs[i]) < 2:
+            packs.append([pad])
+            continue
         half = len(packs[i]) // 2
         packs[i:i + 1] = [packs[i][:half], packs[i][half:]]
     return packs
+
+
+def split_by_tokens(samples: Sequence, parts: int) -> list[list]:
+    """``samples`` in ``parts`` consecutive runs of about equal token counts: run r ends at the sample
+    boundary nearest r/parts of the tokens, so each run's count is within one sample's length of the
+    mean and a prompt group's rollouts (consecutive) share a rank. Counts may differ; a run is empty
+    where there are fewer samples than parts."""
+    if parts < 1:
+        raise ValueError(f"cannot split samples over {parts} ranks")
+    prefix = [0]
+    for s in samples:
+        prefix.append(prefix[-1] + len(s.input_ids))
+    cuts = [0]
+    for r in range(1, parts):  # |parts·prefix[j] − r·total| in integers: the boundary nearest r/parts
+        cuts.append(min(range(cuts[-1], len(samples) + 1), key=lambda j: abs(parts * prefix[j] - r * prefix[-1])))
+    cuts.append(len(samples))
+    return [list(samples[a:b]) for a, b in zip(cuts, cuts[1:])]
+
+
+def padding_sample(samples: Sequence):
+    """A zero-mask copy of the shortest of ``samples`` that has images (of the shortest when none has):
+    the forward that fills a rank up to the others' count, running the same modules as theirs (the
+    vision tower's blocks are sharded too, so they join the collectives)."""
+    with_images = [s for s in samples if s.images is not None and len(s.images)]
+    src = min(with_images or list(samples), key=lambda s: len(s.input_ids))
+    return replace(src, loss_mask=[0] * len(src.loss_mask), advantage=0.0, kind="pad", think_mask=None)
+
+
+def average_gradients(params) -> None:
+    """Each gradient made its mean over the ranks, as FSDP's reduction leaves it, for a model that is not
+    sharded (``trainer.strategy=none`` on several ranks), in one all-reduce of the flattened gradients. A
+    parameter without a gradient on some rank counts as zero there; one without on every rank keeps none."""
+    params = [p for p in params if p.requires_grad]
+    has = parallel.all_reduce_sum_tensor(torch.tensor([float(p.grad is not None) for p in params]))
+    params = [p for p, n in zip(params, has.tolist()) if n]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if not params:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset:offset + p.grad.numel()].view_as(p.grad))
+        offset += p.grad.numel()
 
 
 def _image_key(im) -> tuple:

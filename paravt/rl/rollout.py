@@ -23,7 +23,7 @@ from typing import Any
 import logging
 
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
-from paravt.agent.tools import build_tools
+from paravt.agent.tools import build_tools, call_parser
 from paravt.agent.trajectory import SequenceRecord, Trajectory
 from paravt.core.scoring import episode_well_formed, turn_well_formed
 from paravt.core.seeding import rng, stable_hash
@@ -88,11 +88,11 @@ def episode_config(cfg: RLConfig) -> EpisodeConfig:
                          max_context_tokens=a.max_context_tokens, crop=a.crop, tools=a.tools)
 
 
-def rollout_metrics(trajs, rewards, ks, zero_std: float) -> dict[str, float]:
+def rollout_metrics(trajs, rewards, ks, zero_std: float, parser) -> dict[str, float]:
     """The step's rollout metrics under their conventional names."""
     n = max(len(trajs), 1)
-    formed = [episode_well_formed([x.text for x in t.turns]) for t in trajs]
-    turns = [turn_well_formed(x.text) for t in trajs for x in t.turns]
+    formed = [episode_well_formed([x.text for x in t.turns], parser) for t in trajs]
+    turns = [turn_well_formed(x.text, parser) for t in trajs for x in t.turns]
     calls = [c for t in trajs for turn in t.turns for c in turn.calls]
     tool_turns = [turn for t in trajs for turn in t.turns if turn.calls]
     m = {
@@ -142,6 +142,13 @@ class RolloutWorker:
         self.cache = OverviewCache(max_items=4 * cfg.grpo.prompts_per_step)
         self.ecfg = episode_config(cfg)
         self.tools = build_tools(self.ecfg.tools, crop=self.ecfg.crop)
+        self.parser = call_parser(self.tools.values())  # the rewards and metrics read calls as the episodes do
+
+    def overview_images(self, sample_id: str, k: int) -> ImageInputs | None:
+        """The K-frame overview the episodes of prompt ``sample_id`` saw (None: not a prompt of the schedule)."""
+        s = next((x for x in self.schedule.samples if x.sample_id == sample_id), None)
+        return None if s is None else self.cache.get(s, k, self.ecfg, self.processor,
+                                                     [t.schema for t in self.tools.values()]).images
 
     async def collect(self, step: int) -> RolloutBatch:
         cfg, g = self.cfg, self.cfg.grpo
@@ -184,7 +191,8 @@ class RolloutWorker:
         for t, gi in zip(trajs, groups):
             s = prompts[gi]
             executed = any(c.ok for turn in t.turns for c in turn.calls)
-            rewards.append(compute_reward(t.completion_text, s.answer, s.question_type, knobs, self.judge, executed))
+            rewards.append(compute_reward(t.completion_text, s.answer, s.question_type, knobs, self.judge, executed,
+                                          parser=self.parser))
         # 4. Advantages: (r + bias)·scale, clipped, group-normalised (batch norm here or per token later).
         adv, extra = compute_advantages([r.total for r in rewards], groups, g.reward_bias, g.reward_scale,
                                         g.group_norm, g.batch_adv_norm and g.adv_norm_level == "sequence",
@@ -200,7 +208,7 @@ class RolloutWorker:
                 for sub in t.subagents:
                     seq = sub.sequence
                     samples.append(Sample(seq.input_ids, seq.loss_mask, seq.logprobs, seq.images, a, "subagent"))
-        metrics = rollout_metrics(trajs, rewards, kk, extra["frac_reward_zero_std"]) if trajs else {}
+        metrics = rollout_metrics(trajs, rewards, kk, extra["frac_reward_zero_std"], self.parser) if trajs else {}
         metrics.update({"rollout/skipped_prompts": len(lost), "rollout/skipped_fraction": len(lost) / max(1, len(prompts))})
         # 6. GTR (off by default): judge each turn's thought, correct the wrong ones, collapse metrics.
         corrections: list[Any] = []

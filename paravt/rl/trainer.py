@@ -4,9 +4,9 @@ One step, top to bottom (:meth:`RLTrainer.train` → :meth:`RLTrainer.step`)::
 
     batch = producer.get()              rank 0: RolloutWorker.collect(i) in a background thread
                                         (paravt.rl.rollout: K, episodes, rewards, advantages)
-    samples → every rank (broadcast) → this rank's share
-    decoupled PPO loss (+ KL) on the share, FSDP2 all-reduce, optimizer step     (RLTrainer.step)
-    [GTR on: + λ · NLL of corrected thoughts from the buffer]                     (paravt.rl.gtr)
+    samples → every rank (broadcast): minibatches of the whole list, each split over the ranks by tokens
+    decoupled PPO loss (+ KL) on this rank's part, FSDP2 gradient averaging,      (RLTrainer.train_on,
+    optimizer step; [GTR on: + λ · NLL of corrected thoughts from the buffer]      paravt.rl.grpo, paravt.rl.gtr)
     new weights → engine through its public update_weights                       (EngineHandle.push_weights)
     metrics (JSONL + wandb); checkpoint every ``save_every`` steps
 
@@ -20,8 +20,8 @@ every departure from plain GRPO.
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -40,9 +40,9 @@ from paravt.models.packed_attention import VARLEN_IMPLEMENTATIONS
 from paravt.models.tokenize import vision_token_ids
 from paravt.models.trainloop import TrainLoop
 from paravt.rl.config import RLConfig
-from paravt.rl.grpo import WeightStats, k1_kl_rewards, masked_moments, normalize_with, ppo_token_loss, token_advantages
+from paravt.rl.grpo import StepStats, batch_token_advantages, gtr_objective, policy_tokens, sample_loss, sft_nll
 from paravt.rl.logps import forward_logps
-from paravt.rl.packing import bins, equalize, packed_logps
+from paravt.rl.packing import average_gradients, bins, equalize, packed_logps, padding_sample, split_by_tokens
 from paravt.rl.engine_sync import RolloutEngineMixin
 from paravt.rl.lost_work import LostWorkMixin
 from paravt.rl.rollout import PromptSchedule, RolloutBatch, RolloutProducer, RolloutWorker, Sample
@@ -106,7 +106,6 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         if cfg.gtr.mode != "off":
             from paravt.rl.gtr import GTR  # noqa: PLC0415
             self.gtr = GTR(cfg, self.processor, is_main=self.d.is_main)
-        self.kl_reward_sum = 0.0
         self.schedule = self.judge = None
         if self.d.is_main:
             rows, report = load_rl_rows(cfg.train_data)
@@ -130,7 +129,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         if index != self.global_step:
             raise RuntimeError(f"rollout batch {index} does not match step {self.global_step}")
         t0 = time.perf_counter()
-        m = self.train_on(self._shard(samples), self._shard(sft) if sft else [])
+        m = self.train_on(samples, sft or [])
         m["time/train"] = time.perf_counter() - t0
         self.global_step += 1
         m["time/sync"] = self._push_weights(self.global_step)
@@ -141,165 +140,110 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         return m
 
     # ------------------------------------------------------------------ losses
-    def _forward_logps(self, model, s: Sample, temperature: float | None = None,
-                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(log p of each next token, entropy or None) per position (position t predicts token t+1), at the
-        rollout temperature unless ``temperature`` is given (1.0 for the GTR NLL). Logits only at the
-        sample's policy tokens (the positions the loss reads); 0 elsewhere."""
-        temp = self.cfg.grpo.temperature if temperature is None else temperature
-        positions = [t for t, m in enumerate(s.loss_mask[1:]) if m]
-        return forward_logps(model, s.input_ids, s.images, self.processor, self.image_token_id, self.vision_ids, temp,
-                             self.d.device, positions=positions, with_entropy=with_entropy)
-
-    def _packs(self, samples: list[Sample]) -> list[list[Sample]]:
-        """This rank's samples in forwards of at most ``trainer.pack_tokens`` tokens (0, or an attention without
-        varlen such as plain ``sdpa``: one per sample), as many on every rank (FSDP's collectives)."""
-        varlen = self.actor.config._attn_implementation in VARLEN_IMPLEMENTATIONS
-        budget = self.cfg.trainer.pack_tokens if varlen else 0
-        packs = bins(samples, budget) if budget > 0 else [[s] for s in samples]
-        return equalize(packs, int(parallel.all_reduce_max(len(packs))))
-
-    def _logps(self, model, pack: list[Sample], with_entropy: bool = False):
-        """[(log p, entropy or None)] of each sample of ``pack`` from one forward (:mod:`paravt.rl.packing`)."""
-        if len(pack) == 1:
-            return [self._forward_logps(model, pack[0], with_entropy=with_entropy)]
-        return packed_logps(model, pack, self.processor, self.image_token_id, self.vision_ids, self.cfg.grpo.temperature,
-                            self.d.device, [[t for t, m in enumerate(s.loss_mask[1:]) if m] for s in pack], with_entropy)
-
     def train_on(self, samples: list[Sample], sft_samples: list[Sample] = ()) -> dict[str, float]:
-        """PPO (+ KL) over this rank's ``samples``, plus λ·NLL over ``sft_samples`` (GTR), normalised
-        over the policy tokens of all ranks; ``ppo_minibatches`` optimizer steps."""
-        cfg = self.cfg
-        n_local = sum(sum(s.loss_mask[1:]) for s in samples)
-        n_global = parallel.all_reduce_sum(n_local)
-        if n_global == 0 and parallel.all_reduce_sum(len(sft_samples)) == 0:
-            # Nothing to learn from (every prompt of the step was skipped): no optimizer step at all.
+        """PPO (+ KL) over the step's ``samples`` and λ·NLL over its ``sft_samples`` (GTR); every rank holds both
+        whole lists. ``ppo_minibatches`` optimizer steps on minibatches of the whole list (the same at any world
+        size), each split over the ranks by tokens; the objective is normalised by the step's policy tokens."""
+        g, w = self.cfg.grpo, self.d.world_size
+        n_rl, n_sft = policy_tokens(samples), policy_tokens(sft_samples)
+        if n_rl == 0 and n_sft == 0:  # nothing to learn from (every prompt of the step was skipped): no step at all
             return {"ppo/optimizer_skipped": 1.0, "ppo/tokens": 0.0}
-        scale = self.d.world_size / max(n_global, 1.0)
         self.actor.train()
-        tot = Counter()
-        mbs = [samples[i::cfg.grpo.ppo_minibatches] for i in range(cfg.grpo.ppo_minibatches)]
-        prox_cache: dict[int, torch.Tensor] = {}
-        if cfg.grpo.ppo_minibatches > 1:  # proximal logprobs before any update of this step
+        pad = padding_sample(list(samples) + list(sft_samples))
+        mbs = [split_by_tokens(samples[i::g.ppo_minibatches], w) for i in range(g.ppo_minibatches)]
+        owner = {id(s): r for mb in mbs for r, part in enumerate(mb) for s in part}
+        owned = [[s for s in samples if owner[id(s)] == r] for r in range(w)]  # each rank's samples of the step
+        prox = self._score(self.actor, owned, pad) if g.ppo_minibatches > 1 else {}  # before this step's updates
+        token_adv, kl_reward = self._token_advantages(owned, pad)
+        stats = StepStats(kl_reward=kl_reward)
+
+        def backward(rl_sum, nll_sum) -> None:  # ×w: FSDP (and average_gradients) average the ranks' gradients
+            (w * gtr_objective(rl_sum, n_rl, nll_sum, n_sft, self.cfg.gtr.sft_weight)).backward()
+
+        for i, parts in enumerate(mbs):
+            for pack in self._rank_packs(parts, pad):
+                backward(self._ppo_loss(pack, prox, token_adv, stats), 0.0)
+            if i == 0:  # GTR: λ·NLL joins the first optimizer step
+                for pack in self._rank_packs(split_by_tokens(list(sft_samples), w), pad):
+                    backward(0.0, self._nll(pack, stats))
+            grad_norm = self._optimizer_step()
+        stats = stats.reduce(parallel.all_reduce_sum_tensor, parallel.all_reduce_max)
+        return stats.metrics(grad_norm, bool(g.rollout_is or g.rollout_rs),
+                             self.gtr is not None and self.cfg.gtr.mode == "train")
+
+    def _ppo_loss(self, pack: list[Sample], prox: dict, token_adv: dict, stats: StepStats) -> torch.Tensor:
+        """One pack's PPO (+ k3 KL) loss sum, its statistics into ``stats`` (:func:`paravt.rl.grpo.sample_loss`)."""
+        g = self.cfg.grpo
+        loss_kl = g.kl_coef if g.kl_mode == "loss_k3" and self.ref is not None else 0.0
+        refs = [None] * len(pack)
+        if loss_kl > 0:
             with torch.no_grad():
-                for pack in self._packs(samples):
-                    prox_cache.update((id(s), lp) for s, (lp, _) in zip(pack, self._logps(self.actor, pack)))
-        token_adv = self._token_advantages(samples)
-        loss_kl = cfg.grpo.kl_coef if cfg.grpo.kl_mode == "loss_k3" else 0.0
-        think_w = cfg.gtr.think_weight if self.gtr is not None else 1.0
-        n_sft = parallel.all_reduce_sum(sum(sum(s.loss_mask[1:]) for s in sft_samples))
-        grad_norm = 0.0
-        gap_max = 0.0  # largest |trainer logprob - engine logprob| over this step's policy tokens
-        wstats = WeightStats()  # the behaviour weight the loss applies: what the numerics gate reads
-        for mi, mb in enumerate(mbs):
-            for pack in self._packs(mb):
-                refs = [None] * len(pack)
-                if self.ref is not None and loss_kl > 0:
-                    with torch.no_grad():
-                        refs = [lp for lp, _ in self._logps(self.ref, pack)]
-                pack_loss = 0.0
-                for s, (logp, ent), ref in zip(pack, self._logps(self.actor, pack, with_entropy=True), refs):
-                    loss_sum, gap = self._sample_loss(s, logp, ent, ref, prox_cache.get(id(s), logp.detach()),
-                                                      token_adv, loss_kl, think_w, tot, wstats)
-                    pack_loss = pack_loss + loss_sum
-                    gap_max = max(gap_max, gap)
-                (pack_loss * scale).backward()
-            if mi == 0 and sft_samples:  # GTR: λ·NLL joins the first optimizer step (same count on every rank)
-                nll_sum, n_tok = self.gtr.nll_backward(self, sft_samples, n_sft)
-                tot["sft_nll"] += nll_sum
-                tot["sft_tokens"] += n_tok
-            grad_norm = parallel.clip_grad_norm(self.actor.parameters(), cfg.optim.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        g = {k: parallel.all_reduce_sum(tot.get(k, 0.0)) for k in
-             ("loss", "clipped", "dropped", "kl", "entropy", "gap", "mask", "ent_think", "n_think", "ent_action",
-              "n_action", "sft_nll", "sft_tokens", "truncated", "rejected")}
-        m = max(g["mask"], 1.0)
-        out = {"ppo/loss": g["loss"] / max(n_global, 1.0), "ppo/clip_ratio": g["clipped"] / m,
-               "ppo/behav_dropped_ratio": g["dropped"] / m, "ppo/kl": g["kl"] / m,
-               "ppo/kl_reward": parallel.all_reduce_sum(self.kl_reward_sum) / m, "ppo/entropy": g["entropy"] / m,
-               "rollout/logprob_gap": g["gap"] / m, "rollout/logprob_gap_max": parallel.all_reduce_max(gap_max),
-               "ppo/grad_norm": grad_norm, "ppo/tokens": n_global}
-        out.update(wstats.metrics(parallel.all_reduce_sum_tensor(wstats.vector())))
-        if cfg.grpo.rollout_is or cfg.grpo.rollout_rs:
-            out["rollout_corr/truncated_ratio"] = g["truncated"] / m
-            out["rollout_corr/rejected_ratio"] = g["rejected"] / m
-        if g["n_think"]:
-            out["ppo/entropy_think"] = g["ent_think"] / g["n_think"]
-        if g["n_action"]:
-            out["ppo/entropy_action"] = g["ent_action"] / g["n_action"]
-        if self.gtr is not None and cfg.gtr.mode == "train":  # observe mode has no NLL term
-            out["gtr/nll"] = g["sft_nll"] / g["sft_tokens"] if g["sft_tokens"] else 0.0
-            out["gtr/sft_tokens"] = g["sft_tokens"]
-        return out
+                refs = [lp for lp, _ in self._logps(self.ref, pack)]
+        think_w = self.cfg.gtr.think_weight if self.gtr is not None else 1.0
+        total = 0.0
+        for s, (logp, ent), ref in zip(pack, self._logps(self.actor, pack, with_entropy=True), refs):
+            total = total + sample_loss(s, logp, ent, prox.get(id(s), logp.detach()), ref, token_adv.get(id(s)), g,
+                                        loss_kl, think_w, stats)
+        return total
 
-    def _sample_loss(self, s: Sample, logp, ent, ref, prox, token_adv, loss_kl: float, think_w: float, tot: Counter,
-                     wstats: WeightStats) -> tuple[torch.Tensor, float]:
-        """One sample's PPO loss sum (+ its metrics into ``tot`` and ``wstats``); its largest logprob gap."""
-        cfg = self.cfg
-        mask = torch.tensor(s.loss_mask[1:], device=self.d.device, dtype=torch.bool)
-        behav = torch.tensor(s.behav_logprobs[1:], device=self.d.device)
-        adv = token_adv[id(s)].to(logp) if id(s) in token_adv else torch.full_like(logp, s.advantage)
-        weight = None
-        think = torch.tensor(s.think_mask[1:], device=self.d.device, dtype=torch.bool) \
-            if s.think_mask is not None else None
-        if think is not None and think_w != 1.0:
-            weight = torch.where(think, torch.full_like(logp, think_w), torch.ones_like(logp))
-        out = ppo_token_loss(logp, prox, behav, ref, adv, mask, cfg.grpo.clip_eps, loss_kl, cfg.grpo.behav_imp_weight_cap,
-                             token_weight=weight, is_level=cfg.grpo.rollout_is, rs_level=cfg.grpo.rollout_rs,
-                             corr_cap=cfg.grpo.rollout_corr_cap)
-        wstats.add(out.log_w, cfg.grpo.behav_imp_weight_cap)
-        ent_d = ent.detach()
-        gap = (prox - behav).abs() * mask
-        tot.update({"loss": float(out.loss_sum.detach()), "tokens": out.n_tokens, "clipped": out.clipped,
-                    "dropped": out.dropped, "kl": out.kl_sum, "entropy": float((ent_d * mask).sum()),
-                    "gap": float(gap.sum()), "mask": int(mask.sum()), "truncated": out.truncated,
-                    "rejected": out.rejected})
-        if think is not None:
-            tot.update({"ent_think": float((ent_d * (mask & think)).sum()), "n_think": int((mask & think).sum()),
-                        "ent_action": float((ent_d * (mask & ~think)).sum()), "n_action": int((mask & ~think).sum())})
-        return out.loss_sum, float(gap.max()) if gap.numel() else 0.0
+    def _nll(self, pack: list[Sample], stats: StepStats) -> torch.Tensor:
+        """One pack's NLL sum of the corrected-thought tokens (at temperature 1), their statistics into ``stats``."""
+        total = 0.0
+        for s, (logp, _) in zip(pack, self._logps(self.actor, pack, temperature=1.0)):
+            nll, n = sft_nll(logp, torch.tensor(s.loss_mask[1:], device=logp.device))
+            stats.add_sft(float(nll.detach()), n)
+            total = total + nll
+        return total
 
-    def _token_advantages(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
-        """Per-token advantages when they differ from the sequence's scalar: the release's k1 KL
-        reward (return-to-go added per token) and/or batch normalisation over the policy tokens of
-        every rank. Empty when ``kl_mode=loss_k3`` and ``adv_norm_level=sequence``."""
+    def _optimizer_step(self) -> float:
+        """Gradients averaged over the ranks where FSDP does not (``trainer.strategy=none``), clipped, applied."""
+        if self.cfg.trainer.strategy == "none" and self.d.world_size > 1:
+            average_gradients(self.actor.parameters())
+        norm = parallel.clip_grad_norm(self.actor.parameters(), self.cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def _token_advantages(self, owned: list[list[Sample]], pad: Sample) -> tuple[dict[int, torch.Tensor], float]:
+        """This rank's per-token advantages and KL-reward sum (:func:`paravt.rl.grpo.batch_token_advantages`)."""
         g = self.cfg.grpo
         kl_reward = g.kl_mode == "reward_k1" and g.kl_coef > 0 and self.ref is not None
-        token_norm = g.batch_adv_norm and g.adv_norm_level == "token"
-        self.kl_reward_sum = 0.0
-        if not (kl_reward or token_norm):
-            return {}
-        advs, masks = {}, {}
-        refs = {}
-        if kl_reward:
-            with torch.no_grad():
-                for pack in self._packs(samples):
-                    refs.update((id(s), lp.double().cpu()) for s, (lp, _) in zip(pack, self._logps(self.ref, pack)))
-        for s in samples:
-            mask = torch.tensor(s.loss_mask[1:], dtype=torch.float64)
-            klr = None
-            if kl_reward:
-                ref = refs[id(s)]
-                klr = k1_kl_rewards(torch.tensor(s.behav_logprobs[1:], dtype=torch.float64), ref, mask, g.kl_coef)
-                self.kl_reward_sum += float(klr.sum())
-            advs[id(s)], masks[id(s)] = token_advantages(s.advantage, mask, klr), mask
-        if token_norm:
-            tot, sq, n = masked_moments(list(advs.values()), list(masks.values()))
-            tot, sq, n = (parallel.all_reduce_sum(x) for x in (tot, sq, n))
-            advs = {k: normalize_with(a, masks[k], tot, sq, n) for k, a in advs.items()}
-        return advs
+        refs = self._score(self.ref, owned, pad) if kl_reward else None
+        return batch_token_advantages(owned[self.d.rank], refs, g.kl_coef, g.batch_adv_norm and g.adv_norm_level == "token",
+                                      parallel.all_reduce_sum)
 
-    def _shard(self, samples: list[Sample]) -> list[Sample]:
-        """This rank's share; every rank gets the same count (FSDP collectives), padding with
-        zero-mask copies when sub-agent samples make the count uneven."""
-        w = self.d.world_size
-        per = -(-len(samples) // w) if samples else 1
-        mine = samples[self.d.rank::w]
-        while len(mine) < per and samples:
-            src = samples[0]
-            mine.append(Sample(src.input_ids, [0] * len(src.loss_mask), src.behav_logprobs, src.images, 0.0, "pad"))
-        return mine
+    @torch.no_grad()
+    def _score(self, model, owned: list[list[Sample]], pad: Sample) -> dict[int, torch.Tensor]:
+        """log p of each of this rank's samples under ``model``, by ``id`` (``owned``: every rank's samples)."""
+        out = {}
+        for pack in self._rank_packs(owned, pad):
+            out.update((id(s), lp) for s, (lp, _) in zip(pack, self._logps(model, pack)))
+        return out
+
+    def _rank_packs(self, parts: list[list[Sample]], pad: Sample) -> list[list[Sample]]:
+        """This rank's ``parts[rank]`` in forwards of at most ``trainer.pack_tokens`` tokens (0, or an attention
+        without varlen such as plain ``sdpa``: one per sample), as many as the rank with the most (FSDP's
+        collectives): computed from every rank's part, so no rank waits on a collective to know the count."""
+        varlen = self.actor.config._attn_implementation in VARLEN_IMPLEMENTATIONS
+        budget = self.cfg.trainer.pack_tokens if varlen else 0
+        packs = [bins(p, budget) if budget > 0 else [[s] for s in p] for p in parts]
+        return equalize(packs[self.d.rank], max(map(len, packs)), pad)
+
+    def _logps(self, model, pack: list[Sample], with_entropy: bool = False, temperature: float | None = None):
+        """[(log p, entropy or None)] of each sample of ``pack`` from one forward (:mod:`paravt.rl.packing`), at the
+        rollout temperature unless ``temperature`` is given; logits at the samples' policy tokens only."""
+        temp = self.cfg.grpo.temperature if temperature is None else temperature
+        pos = [[t for t, m in enumerate(s.loss_mask[1:]) if m] for s in pack]
+        if len(pack) == 1:
+            return [forward_logps(model, pack[0].input_ids, pack[0].images, self.processor, self.image_token_id,
+                                  self.vision_ids, temp, self.d.device, positions=pos[0], with_entropy=with_entropy)]
+        return packed_logps(model, pack, self.processor, self.image_token_id, self.vision_ids, temp, self.d.device, pos,
+                            with_entropy)
+
+    def _forward_logps(self, model, s: Sample, temperature: float | None = None,
+                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log p of each next token, entropy or None) per position of one sample (0 off its policy tokens)."""
+        return self._logps(model, [s], with_entropy, temperature)[0]
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
@@ -335,7 +279,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         """Rank 0: the producer thread over the started engine."""
         worker = RolloutWorker(self.cfg, self.handle.engine, self.processor, self.schedule, self.judge, self.gtr)
         if self.gtr is not None:
-            self.gtr.attach(worker)
+            self.gtr.attach(worker.overview_images)
         producer = RolloutProducer(worker, self.global_step, self.cfg.max_steps, self.cfg.grpo.max_staleness)
         producer.start()
         return producer
@@ -355,6 +299,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         producer = None
         r = cfg.rollout
         start_s = max(r.server.startup_timeout_s, r.vllm.startup_timeout_s) * max(1, r.replicas) + 600
+        start_s = max(start_s, float(os.environ.get("PARAVT_SERVERS_TIMEOUT") or 0) + 600)  # a layout's discovery
         try:
             if self.d.is_main:
                 try:
@@ -366,7 +311,8 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
                 parallel.announce("engine_start")
             else:  # rank 0 may take up to the servers' start-up timeout: wait for it here, not in a collective
                 parallel.await_rank0("engine_start", start_s)
-            if cfg.rollout.urls:  # servers this run did not launch hold unknown weights: push this run's first
+            # servers this run did not launch (rollout.urls, a layout's) hold unknown weights: push this run's first
+            if cfg.rollout.urls or cfg.rollout.layout:
                 self._push_weights(self.global_step)
             producer = self._start_rollouts() if self.d.is_main else None
             para = cfg.paravt.anchoring.weight > 0 or cfg.paravt.gating.nframes_gating  # else vanilla GRPO

@@ -114,6 +114,58 @@ class CopyAuxConfig:
                              f"small_alphabet_frac in [0, 1]; got {self}")
 
 
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """An optimizer step's ``global_size`` bins (rows) over ``world_size`` ranks (:meth:`SFTConfig.step_split`).
+
+    Step ``s`` (0-based) holds the run's slots ``s*G .. s*G+G-1``; slot ``k`` is the next bin (row) of
+    rank ``k mod world_size``, so a step trains exactly ``G`` whatever the world size, and when ``G`` is
+    not a multiple of it the ranks short of a slot rotate from step to step (every rank's share of the
+    data is read at the same pace). Every rank runs ``passes`` forward/backward passes a step (FSDP and
+    DDP gather and reduce in each): a rank's rows are spread over them, and a rank with fewer bins
+    (rows) than passes fills up with zero-weight passes."""
+
+    global_size: int
+    world_size: int
+    micro: int  # at most this many bins (1) or rows in one forward/backward
+    unit: str = "bins"
+
+    def count(self, rank: int, step: int) -> int:
+        """The bins (rows) rank ``rank`` trains in step ``step``."""
+        def upto(n: int) -> int:  # slots k < n with k % world_size == rank
+            return max(0, _ceil(n - rank, self.world_size))
+        return upto((step + 1) * self.global_size) - upto(step * self.global_size)
+
+    @property
+    def passes(self) -> int:
+        """Forward/backward passes per rank per step (the accumulation steps), the same on every rank."""
+        return _ceil(_ceil(self.global_size, self.world_size), self.micro)
+
+    def micro_sizes(self, rank: int, step: int) -> list[int]:
+        """The bins (rows) of each of this rank's real passes in step ``step``: as even as ``passes`` allows."""
+        c = self.count(rank, step)
+        n = min(c, self.passes)
+        return [c // n + (i < c % n) for i in range(n)] if n else []
+
+    @property
+    def fillers(self) -> int:
+        """Zero-weight passes a step, summed over the ranks (the same every step)."""
+        q, rem = divmod(self.global_size, self.world_size)
+        return (self.world_size - rem) * max(0, self.passes - q) if rem else 0
+
+    def describe(self) -> str:
+        text = (f"global_batch_size={self.global_size} {self.unit} a step over {self.world_size} rank(s): "
+                f"{self.passes} forward/backward pass(es) per rank of <= {self.micro} {self.unit}")
+        if self.fillers:
+            text += (f"; {self.fillers} of the step's {self.passes * self.world_size} passes are zero-weight fillers "
+                     f"(compute idle; a multiple of {self.world_size} {self.unit} wastes none)")
+        return text
+
+
 @dataclass
 class SFTConfig:
     model_path: str = "???"  # base model: a save_pretrained dir or hub id (required)
@@ -122,10 +174,15 @@ class SFTConfig:
     data_root: str = ""  # shard paths that are not absolute are relative to this folder
     max_length: int = 8192  # longest tokenised row (or packed bin); longer rows are skipped and counted
     packing: bool = True  # pack rows into max_length bins (per-sequence M-RoPE positions)
-    # Per rank per optimizer step: packed bins (packing; each bin one forward/backward, the loss over the
-    # step's supervised tokens, as the release's batch of 4 packs) or rows of one padded micro-batch.
-    per_device_batch_size: int = 4
-    grad_accum: int = 1  # repeats of the above per optimizer step (the lr schedule counts optimizer steps)
+    # Packed bins (packing) or rows (no packing) of one optimizer step over all ranks, whatever the world size
+    # (the release's 4 packs per GPU on 8 GPUs: 32); the loss is the mean over the step's supervised tokens.
+    # Slot k of the run is rank (k mod world size)'s next bin. Not a multiple of the world size: ranks short
+    # of a slot run zero-weight passes that step (FSDP/DDP need every rank in each pass), compute idle.
+    global_batch_size: int = 4
+    # At most this many rows in one padded forward/backward (packing=false; null: a rank's whole share of the
+    # step at once); the passes a step = ceil(ceil(global_batch_size / world size) / this). With packing every
+    # bin is its own forward/backward: null or 1.
+    per_device_batch_size: int | None = None
     max_steps: int = 500  # optimizer steps to train (the schedule may be planned longer: optim.schedule_steps)
     save_every: int = 100  # checkpoint every N steps
     keep_last: int = 2  # complete checkpoints kept on disk
@@ -148,17 +205,33 @@ class SFTConfig:
             for sh in self.data:
                 if not Path(sh.path).is_absolute():
                     sh.path = str(Path(self.data_root) / sh.path)
-        for name in ("max_length", "per_device_batch_size", "grad_accum", "max_steps", "save_every"):
+        for name in ("max_length", "global_batch_size", "max_steps", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.per_device_batch_size is not None and self.per_device_batch_size < 1:
+            raise ValueError(f"per_device_batch_size must be >= 1 or null, got {self.per_device_batch_size}")
+        if self.packing and self.per_device_batch_size not in (None, 1):
+            raise ValueError(f"per_device_batch_size={self.per_device_batch_size} is the rows of one padded micro-batch "
+                             f"(packing=false); with packing every bin is its own forward/backward: set "
+                             f"global_batch_size, the bins of an optimizer step over all ranks")
         check_dtype(self.dtype)
         if self.copy_aux.weight and self.dist.strategy == "deepspeed":
             raise ValueError("copy_aux (the tiny model's copy lessons) runs under fsdp2, ddp or none, not deepspeed")
-        micro = self.grad_accum * (self.per_device_batch_size if self.packing else 1)
-        if self.dist.strategy == "deepspeed" and micro > 1:
-            raise ValueError(f"dist.strategy=deepspeed trains one micro-batch per optimizer step here; this recipe "
-                             f"gives {micro} (per_device_batch_size={self.per_device_batch_size} packs x grad_accum="
-                             f"{self.grad_accum}): set both to 1, or use dist.strategy=fsdp2")
+
+    def step_split(self, world_size: int) -> StepSplit:
+        """How a step's ``global_batch_size`` falls on ``world_size`` ranks; a combination this trainer cannot
+        run is a ValueError naming the settings (checked before any model loads, and by ``run_sft.sh``)."""
+        unit = "bins" if self.packing else "rows"
+        most = _ceil(self.global_batch_size, world_size)  # the largest share of a step on one rank
+        micro = 1 if self.packing else min(self.per_device_batch_size or most, most)
+        split = StepSplit(self.global_batch_size, world_size, micro, unit)
+        if self.dist.strategy == "deepspeed" and split.passes > 1:
+            raise ValueError(f"dist.strategy=deepspeed trains one micro-batch per rank per optimizer step here; "
+                             f"global_batch_size={self.global_batch_size} {unit} over {world_size} rank(s) gives "
+                             f"{split.passes}: set global_batch_size={world_size * micro} or less"
+                             + ("" if self.packing else " (or per_device_batch_size=null)")
+                             + ", or use dist.strategy=fsdp2")
+        return split
 
     def needs_cuda(self) -> str | None:
         """Why this recipe cannot run without CUDA (None: it can)."""

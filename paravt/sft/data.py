@@ -15,11 +15,12 @@
 * Streaming greedy packer (:class:`PackedStream`): rows are taken in a seeded order and
   added to a bin until the next one does not fit; its cursor (the first row not yet
   consumed) is all a checkpoint needs to resume the exact same bins.
-* A step (:meth:`PackedStream.step_batches`): with packing, ``batch_size`` packs per rank per
-  optimizer step (times ``grad_accum``), as the release's loader batches
-  ``per_device_train_batch_size`` packs; each pack is its own micro-batch (one forward and
-  backward at a time, so memory is that of one pack) and the trainer normalises the loss over
-  the supervised tokens of the whole step, which gives the gradient of the batch of packs.
+* A step (:meth:`PackedStream.step_batches`): this rank's part of the step's ``global_batch_size``
+  (:class:`paravt.sft.config.StepSplit`), as the release's loader batches
+  ``per_device_train_batch_size`` packs per GPU; with packing each pack is its own micro-batch (one
+  forward and backward at a time, so memory is that of one pack), without it the rows are spread
+  over the step's passes; the trainer normalises the loss over the supervised tokens of the whole
+  step on every rank, which gives the gradient of the global batch on any world size.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from PIL import Image
 from paravt.models.tokenize import encode_text
 from paravt.core import prompts
 from paravt.core.seeding import rng
-from paravt.core.video import VideoError, local_path, sample_fps, sample_overview
+from paravt.core.video import sample_fps, sample_overview
+from paravt.core.video_reader import VideoError, local_path
 from paravt.data.schema import DataError, SFTRow, SkipReport, load_sft_rows
 from paravt.models.images import ImageInputs
 from paravt.sft.config import Shard, VideoSamplingConfig
@@ -238,8 +240,8 @@ class StreamState:
 class PackedStream:
     """Deterministic stream of micro-batches (lists of Examples) for one data-parallel rank.
 
-    ``pack=True``: greedy bins of at most ``max_length`` tokens, ``batch_size`` of them a step
-    (:meth:`step_batches`); ``pack=False``: ``batch_size`` examples per micro-batch."""
+    ``pack=True``: greedy bins of at most ``max_length`` tokens; ``pack=False``: ``batch_size`` examples
+    per micro-batch (:meth:`step_batches` gives a step's)."""
 
     rows: list[SFTRow]
     build: Callable[[SFTRow], Example]
@@ -255,13 +257,14 @@ class PackedStream:
     def _share(self, epoch: int) -> list[int]:
         return epoch_order(len(self.rows), self.seed, epoch)[self.rank::self.world_size]
 
-    def step_batches(self, grad_accum: int = 1) -> list[list[Example]]:
-        """The micro-batches of one optimizer step on this rank: with packing ``grad_accum`` x
-        ``batch_size`` packs, one per micro-batch; without, ``grad_accum`` micro-batches of
-        ``batch_size`` rows."""
-        return [self.next_batch() for _ in range(grad_accum * (self.batch_size if self.pack else 1))]
+    def step_batches(self, sizes: list[int]) -> list[list[Example]]:
+        """This rank's micro-batches of one optimizer step (:meth:`paravt.sft.config.StepSplit.micro_sizes`):
+        with packing one bin per entry of ``sizes``; without, micro-batches of that many rows."""
+        return [self.next_batch(None if self.pack else n) for n in sizes]
 
-    def next_batch(self) -> list[Example]:
+    def next_batch(self, rows: int | None = None) -> list[Example]:
+        """The next bin (packing) or the next ``rows`` (default ``batch_size``) rows; an epoch's last may be short."""
+        rows = rows or self.batch_size
         batch: list[Example] = []
         n_tok = 0
         empty_epochs = 0
@@ -296,7 +299,7 @@ class PackedStream:
             else:
                 batch.append(ex)
                 self.state.cursor += 1
-                if len(batch) == self.batch_size:
+                if len(batch) == rows:
                     return batch
 
 
@@ -358,7 +361,7 @@ def collate_packed(examples: list[Example], processor, image_token_id: int,
 
 def padding_stats(examples: list[Example], packed: bool, max_length: int) -> dict[str, float]:
     real = sum(len(e) for e in examples)
-    total = (max(real, 1) if packed else max(len(e) for e in examples) * len(examples))
+    total = max(real, 1) if packed else max((len(e) for e in examples), default=0) * len(examples)
     return {"real_tokens": real, "batch_tokens": total, "padding_fraction": 1 - real / max(total, 1),
             "fill_of_max_length": real / max_length if packed else float("nan")}
 

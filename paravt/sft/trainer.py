@@ -5,9 +5,14 @@ block; bf16 compute over fp32 master weights on GPU), DeepSpeed ZeRO-3 as an opt
 a plain module for debugging. Launched by torchrun across the node's devices (and across
 nodes with the usual rendezvous variables) or as a plain process (a group of one).
 
+A step trains ``global_batch_size`` packs (rows) over all ranks, whatever the world size
+(:class:`paravt.sft.config.StepSplit`: each rank's share and the passes a step, derived at start-up).
 Loss: token-level cross entropy over assistant tokens only, normalised by the number of
 supervised tokens in the whole optimizer step across all ranks and micro-batches, so packed
-and padded batches, any world size and any accumulation give the same gradient.
+and padded batches, any world size and any accumulation give the same gradient. A rank with
+fewer micro-batches than the others that step (a global batch that is not a multiple of the
+world size) runs zero-weight passes over a pack it has, so every rank joins each FSDP/DDP
+gather and reduce.
 
 Every ``save_every`` steps: ``<output_dir>/checkpoints/step_N/`` holds the resumable state
 (model + optimizer through torch.distributed.checkpoint, scheduler, step, each rank's data
@@ -21,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -93,6 +99,10 @@ class SFTTrainer:
     def __init__(self, cfg: SFTConfig):
         self.cfg = cfg
         self.d = parallel.init_distributed()
+        self.split = cfg.step_split(self.d.world_size)  # a combination it cannot run: one line, nothing loaded
+        if self.d.is_main:
+            (log.warning if self.split.fillers else log.info)("SFT step: %s", self.split.describe())
+        self._filler = None  # a collated micro-batch of this rank for zero-weight passes (uneven splits only)
         seed_everything(cfg.seed + self.d.rank)
         self.out = Path(cfg.output_dir)
         self.ckpt_root = self.out / "checkpoints"
@@ -147,7 +157,7 @@ class SFTTrainer:
             raise RuntimeError(f"no SFT rows: {report.summary()}; missing shards: {missing}")
         keep_open_videos(cfg.video.open_videos)  # a data set that fits decodes each frame once per run
         self.builder = ExampleBuilder(self.processor, cfg.video, cfg.max_length)
-        self.stream = PackedStream(rows, self.builder, cfg.seed, cfg.max_length, cfg.packing, cfg.per_device_batch_size,
+        self.stream = PackedStream(rows, self.builder, cfg.seed, cfg.max_length, cfg.packing, self.split.micro,
                                    self.d.rank, self.d.world_size)
         if self.d.is_main:
             log.info("SFT data: %s; missing shards: %s", report.summary(), missing or "none")
@@ -219,26 +229,43 @@ class SFTTrainer:
             return collate_packed(examples, self.processor, self.image_token_id, self.rope_index)
         return collate_padded(examples, self.processor, self.tokenizer.pad_token_id, self.image_token_id)
 
+    def _pass(self, batch: dict[str, torch.Tensor], scale: float) -> float:
+        """Forward and backward of one micro-batch, its loss ``scale`` x its cross-entropy sum; that sum."""
+        b = {k: v.to(self.d.device) for k, v in batch.items()}
+        ce, _ = token_ce_sum(self.model, b)
+        loss = ce * scale
+        if self.ds_engine is not None:
+            self.ds_engine.backward(loss)
+        else:
+            loss.backward()
+        return float(ce.detach())
+
+    def _fillers(self, batches: list[dict[str, torch.Tensor]], n: int) -> list[dict[str, torch.Tensor]]:
+        """``n`` micro-batches for zero-weight passes: the last this rank trained, else (no step has given it
+        one yet) a look at its next pack, the stream and the skip counts put back so it trains in its turn."""
+        if batches and self.split.fillers:
+            self._filler = batches[-1]
+        if n <= 0:
+            return []
+        if self._filler is None:
+            state, skipped = StreamState(**self.stream.state.to_dict()), Counter(self.builder.skipped)
+            self._filler = self._collate(self.stream.next_batch())
+            self.stream.state, self.builder.skipped = state, skipped
+        return [self._filler] * n
+
     def train_step(self) -> dict[str, Any]:
-        cfg = self.cfg
+        cfg, split = self.cfg, self.split
         t0 = time.perf_counter()
-        micro = self.stream.step_batches(cfg.grad_accum)  # packing: per_device_batch_size x grad_accum packs
+        micro = self.stream.step_batches(split.micro_sizes(self.d.rank, self.global_step))
         batches = [self._collate(m) for m in micro]
         n_local = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
         copy_ce = self._copy_aux_step()
         n_global = parallel.all_reduce_sum(n_local)
         scale = self.d.world_size / max(n_global, 1.0)  # FSDP/DDP average grads over ranks
         self.model.train()
-        ce_total = 0.0
-        for b in batches:
-            b = {k: v.to(self.d.device) for k, v in b.items()}
-            ce, _ = token_ce_sum(self.model, b)
-            loss = ce * scale
-            if self.ds_engine is not None:
-                self.ds_engine.backward(loss)
-            else:
-                loss.backward()
-            ce_total += float(ce.detach())
+        ce_total = sum(self._pass(b, scale) for b in batches)
+        for b in self._fillers(batches, split.passes - len(batches)):
+            self._pass(b, 0.0)  # no gradient: this rank's part in the others' gathers and reduces
         if self.ds_engine is not None:
             self.ds_engine.step()
             grad_norm = float(self.ds_engine.get_global_grad_norm() or 0.0)
@@ -255,7 +282,8 @@ class SFTTrainer:
         return {"loss": parallel.all_reduce_sum(ce_total) / max(n_global, 1.0),
                 "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
                 "tokens_per_s": real / dt, "supervised_tokens": n_global, "real_tokens": real,
-                "tokens_per_step": real, "micro_batches": len(micro), "rows_per_step": parallel.all_reduce_sum(len(flat)),
+                "tokens_per_step": real, "micro_batches": split.passes, "filler_passes": split.fillers,
+                "rows_per_step": parallel.all_reduce_sum(len(flat)),
                 "padding_fraction": pad["padding_fraction"], "step_seconds": dt, "epoch": self.stream.state.epoch,
                 **({"copy_loss": parallel.all_reduce_sum(copy_ce) / self.d.world_size} if copy_ce is not None else {})}
 

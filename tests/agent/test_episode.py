@@ -141,9 +141,9 @@ def test_subagent_timeout_and_engine_errors(tiny, sample):
 
 def test_missing_video_is_an_error_response_for_the_crop(tiny, sample, tmp_path):
     _, proc = tiny
-    from paravt.agent.tools import CropVideo, ToolContext
-    from paravt.core.toolcall import parse_tool_calls
-    res = run(CropVideo().execute(parse_tool_calls(call(1, 3)).calls[0], ToolContext(str(tmp_path / "gone.mp4"), 60.0)))
+    from paravt.agent.tools import CropVideo, ToolContext, call_parser
+    crop = call_parser([CropVideo]).parse(call(1, 3)).calls[0]
+    res = run(CropVideo().execute(crop, ToolContext(str(tmp_path / "gone.mp4"), 60.0)))
     assert not res.ok and "gone.mp4" in res.text and res.text.startswith("[Error: crop_video failed:")
 
 
@@ -226,3 +226,16 @@ def test_generated_vision_placeholder_ends_the_episode(tiny, sample):
     eng = ScriptedEngine(proc.tokenizer, lambda t, p: "look <|image_pad|> here")
     traj = run(run_episode(sample, eng, proc, EpisodeConfig(), k=4))
     assert traj.end_reason == "error" and "vision placeholder" in traj.error
+
+
+def test_a_subagent_that_generates_a_vision_placeholder_is_caught_like_the_main_agent(tiny, sample):
+    """Sub-agents generate through the episode's own conversation path: the text the main agent's
+    turn is refused for fails the crop call with the same message, a fault, never a summary."""
+    _, proc = tiny
+    bad = "look <|image_pad|> here"
+    main = run(run_episode(sample, ScriptedEngine(proc.tokenizer, lambda t, p: bad), proc, EpisodeConfig(), k=4))
+    eng = ScriptedEngine(proc.tokenizer, lambda t, p: [call(0, 5), "<answer>A</answer>"][t], sub=lambda p: bad)
+    traj = run(run_episode(sample, eng, proc, EpisodeConfig(), k=4))
+    crop = traj.turns[0].calls[0]
+    assert not crop.ok and crop.fault and crop.error == f"sub-agent engine error: {main.error}"
+    assert traj.subagents == [] and traj.faults  # nothing of it is trained on; the sample counts as lost

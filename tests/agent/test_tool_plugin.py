@@ -64,7 +64,8 @@ def test_rl_rollout_step_with_a_plugin_tool(world, tiny, tmp_path):
 
 
 def test_eval_run_with_a_plugin_tool(world, tiny, tmp_path):
-    from paravt.eval.driver import EvalConfig, Evaluator
+    from paravt.eval.config import EvalConfig
+    from paravt.eval.driver import Evaluator
 
     _, proc = tiny
     cfg = load_config(EvalConfig, None, [f"model={tmp_path}", f"out={tmp_path}/o", f"split_paths={{synthetic: {world}/local}}",
@@ -92,7 +93,7 @@ def test_eval_run_with_a_plugin_tool(world, tiny, tmp_path):
 ])
 def test_tool_names_and_options_are_checked_when_the_config_loads(tools, fragment, capsys):
     from paravt.core.config import parse_cli
-    from paravt.eval.driver import EvalConfig
+    from paravt.eval.config import EvalConfig
     from paravt.rl.config import RLConfig
 
     for schema, key, base in ((EvalConfig, "tools", ["model=/m"]),
@@ -118,11 +119,12 @@ def test_a_baked_tools_block_gains_the_new_tool():
 
 
 def test_a_plugin_tool_declares_how_its_calls_are_read():
-    """The tool class carries its call syntax: once resolved, a positional <tool_code> call with a clock
-    time reads as the tool's own parameter in seconds (the parser knows no tool by name)."""
-    from paravt.agent.tools import resolve_tool
-    from paravt.core.toolcall import parse_tool_calls
+    """The tool class carries its call syntax: the parser of a recipe that configures it reads a
+    positional <tool_code> call with a clock time as the tool's own parameter in seconds; the parser
+    of a recipe without it does not (the parser knows no tool by name)."""
+    from paravt.agent.tools import recipe_call_parser
 
-    resolve_tool(ZOOM)
-    call_ = parse_tool_calls('<tool_code>zoom_frame("0:05")</tool_code>').calls[0]
+    text = '<tool_code>zoom_frame("0:05")</tool_code>'
+    call_ = recipe_call_parser({"crop_video": {}, ZOOM: {}}).parse(text).calls[0]
     assert (call_.name, call_.arguments) == ("zoom_frame", {"timestamp": 5.0})
+    assert recipe_call_parser({"crop_video": {}}).parse(text).calls == []

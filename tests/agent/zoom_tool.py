@@ -9,7 +9,8 @@ from typing import Any
 from paravt.agent.tools import Tool, ToolContext, ToolResult
 from paravt.core import prompts
 from paravt.core.toolcall import ToolCall, is_number
-from paravt.core.video import VideoError, run_decode, sample_crop
+from paravt.core.video import run_decode, sample_crop
+from paravt.core.video_reader import VideoError
 
 
 class ZoomFrame(Tool):

@@ -76,7 +76,7 @@ def test_shell_scripts_help(script):
 
 def test_eval_help_lists_every_split():
     from paravt.core.config import config_help
-    from paravt.eval.driver import EvalConfig
+    from paravt.eval.config import EvalConfig
     from paravt.eval.splits import SPLITS
     text = config_help(EvalConfig, "x")
     line = next(ln for ln in text.splitlines() if ln.lstrip().startswith("splits ="))

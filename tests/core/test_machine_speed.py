@@ -5,7 +5,7 @@ import json
 import pytest
 
 from paravt.core.machine_speed import describe, main, measure
-from paravt.eval.report import main as report_main
+from paravt.analysis.report import main as report_main
 
 
 def test_measure_counts_real_products_and_reports_the_cpus():

@@ -1,6 +1,7 @@
 """The node watcher beside torchrun (``python -m paravt.core.shared_fs watch``): a node that stops beating
 without an exit of its own ends this node's run (exit 3, one line in the abort file); a node that finished
-with exit 0 does not (rank 0 may still be writing the last checkpoint)."""
+with exit 0 does not (rank 0 may still be writing the last checkpoint). A line this node's workers wrote
+first stays: it names the cause."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import pytest
 from paravt.core.shared_fs import beat
 
 
-@pytest.mark.parametrize("other_exit", [None, "0"])
-def test_the_watcher_ends_the_run_for_a_silent_node_but_not_for_one_that_finished(tmp_path, other_exit):
+@pytest.mark.parametrize("other_exit,prior", [(None, None), ("0", None), (None, "2\trun_sft.sh: the worker's own line\n")])
+def test_the_watcher_ends_the_run_for_a_silent_node_but_not_for_one_that_finished(tmp_path, other_exit, prior):
     folder, abort = tmp_path / "nodes", tmp_path / "abort"
+    if prior is not None:
+        abort.write_text(prior)
     torchrun = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(6)"])  # stands in for torchrun's pid
     threading.Thread(target=torchrun.wait, daemon=True).start()  # reaped when it ends, as the launcher's wait does
     watcher = subprocess.Popen(
@@ -36,6 +39,9 @@ def test_the_watcher_ends_the_run_for_a_silent_node_but_not_for_one_that_finishe
         watcher.kill()
     if other_exit is None:
         assert rc == 3 and torchrun.poll() is not None
-        assert "node 1" in abort.read_text() and "stopped answering" in abort.read_text()
+        if prior is not None:  # the launcher's process has no RANK: it must not pass for rank 0's line
+            assert abort.read_text() == prior
+        else:
+            assert "node 1" in abort.read_text() and "stopped answering" in abort.read_text()
     else:
         assert rc == 0 and not abort.exists()  # it ran until torchrun ended on its own

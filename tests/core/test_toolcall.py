@@ -2,9 +2,10 @@ import json
 
 import pytest
 
-from paravt.core.toolcall import (SYNTAX, CallSyntax, format_tool_call, parse_time, parse_tool_calls,
-                                  register_syntax, render_tools_block)
-from paravt.data.tool_specs import CROP_VIDEO_SCHEMA  # declares crop_video's call syntax
+from paravt.core.toolcall import CallSyntax, ToolCallParser, format_tool_call, parse_time, render_tools_block
+from paravt.data.tool_specs import CROP_VIDEO_SCHEMA, CROP_VIDEO_SYNTAX
+
+parse_tool_calls = ToolCallParser([CROP_VIDEO_SYNTAX]).parse  # a recipe whose one tool is crop_video
 
 TWO_CALLS = """<think>
 The red square is not visible in the overview. I will check two windows.
@@ -159,26 +160,40 @@ def test_schema_rendering_roundtrip():
     assert parse_tool_calls(call).calls[0].arguments["end_time"] == 2.0
 
 
-def test_the_parser_reads_calls_by_each_tools_declared_syntax(monkeypatch):
-    """Positional order, time parameters and window tags come from the tool's CallSyntax: an
-    undeclared tool gets none of them, a declared one gets exactly its own."""
-    monkeypatch.setattr("paravt.core.toolcall.SYNTAX", dict(SYNTAX))
+def test_the_parser_reads_calls_by_each_tools_declared_syntax():
+    """Positional order, time parameters and window tags come from the syntaxes the parser is built
+    with: an undeclared tool gets none of them, a declared one gets exactly its own."""
     undeclared = parse_tool_calls('<tool_code>seek_frame("01:05")</tool_code>')
     assert not undeclared.calls and "too many positional arguments for seek_frame" in undeclared.errors[0]
     kw = parse_tool_calls('<tool_code>seek_frame(at="01:05")</tool_code>').calls[0]
     assert kw.arguments == {"at": "01:05"}  # not a declared time parameter: left as written
-    register_syntax(CallSyntax("seek_frame", positional=("at",), time_params=("at",)))
-    assert parse_tool_calls('<tool_code>seek_frame("01:05")</tool_code>').calls[0].arguments == {"at": 65.0}
-    assert parse_tool_calls("<clip>[3, 7]</clip>").calls == []  # no tool declares <clip> yet
-    register_syntax(CallSyntax("clip_audio", time_params=("from", "to"), window_tag="clip"))
-    clip = parse_tool_calls('<clip>{"start": "0:03", "end": 7}</clip>').calls[0]
-    assert (clip.name, clip.arguments, clip.source) == ("clip_audio", {"from": 3.0, "to": 7.0}, "clip")
-    with pytest.raises(ValueError, match="two time parameters"):
-        register_syntax(CallSyntax("bad", time_params=("at",), window_tag="bad"))
-    with pytest.raises(ValueError, match="already crop_video's"):
-        register_syntax(CallSyntax("other_zoom", time_params=("s", "e"), window_tag="video_zoom"))
-    win = parse_tool_calls("<video_zoom>[3, 7]</video_zoom>").calls[0]
+    seek = CallSyntax("seek_frame", positional=("at",), time_params=("at",))
+    clip = CallSyntax("clip_audio", time_params=("from", "to"), window_tag="clip")
+    both = ToolCallParser([CROP_VIDEO_SYNTAX, seek, clip])
+    assert both.parse('<tool_code>seek_frame("01:05")</tool_code>').calls[0].arguments == {"at": 65.0}
+    assert parse_tool_calls("<clip>[3, 7]</clip>").calls == []  # the crop_video parser knows no <clip>
+    c = both.parse('<clip>{"start": "0:03", "end": 7}</clip>').calls[0]
+    assert (c.name, c.arguments, c.source) == ("clip_audio", {"from": 3.0, "to": 7.0}, "clip")
+    win = both.parse("<video_zoom>[3, 7]</video_zoom>").calls[0]
     assert (win.name, win.arguments, win.source) == ("crop_video", {"start_time": 3.0, "end_time": 7.0}, "video_zoom")
+    with pytest.raises(ValueError, match="two time parameters"):
+        ToolCallParser([CallSyntax("bad", time_params=("at",), window_tag="bad")])
+    with pytest.raises(ValueError, match="already crop_video's"):
+        ToolCallParser([CROP_VIDEO_SYNTAX, CallSyntax("other_zoom", time_params=("s", "e"), window_tag="video_zoom")])
+
+
+def test_a_parser_reads_only_its_own_tools_whatever_was_imported():
+    """Importing a tool's module changes no parser: a parser without crop_video reads none of its
+    positional, time or window forms, in a process where crop_video is registered and built."""
+    from paravt.agent.tools import build_tools
+
+    build_tools({"crop_video": {}})
+    bare = ToolCallParser()
+    assert bare.parse("<video_zoom>[3, 7]</video_zoom>").calls == []
+    assert not bare.parse('<tool_code>crop_video("v.mp4", 1, 2)</tool_code>').calls
+    json_call = format_tool_call("crop_video", {"start_time": "0:05", "end_time": 9})
+    assert bare.parse(json_call).calls[0].arguments == {"start_time": "0:05", "end_time": 9}
+    assert parse_tool_calls(json_call).calls[0].arguments == {"start_time": 5.0, "end_time": 9.0}
 
 
 def test_core_names_no_tool():
@@ -192,14 +207,18 @@ def test_core_names_no_tool():
     assert hits == []
 
 
-def test_the_rewards_read_crop_calls_without_any_tool_built():
-    """A fresh interpreter that imports only the reward terms (as the rewards CLI does) parses a
-    positional crop_video call as the episode does: the syntax comes with the rewards' imports."""
+@pytest.mark.parametrize("extra,expected", [({}, 0.0), ({"tests.agent.zoom_tool:ZoomFrame": {}}, 0.1)])
+def test_the_rewards_cli_reads_calls_with_the_recipes_tools(tmp_path, extra, expected):
+    """``python -m paravt.rl.rewards`` builds its parser from the recipe's ``hierarchical_agent.tools``:
+    a positional zoom_frame call is a call (R_tool 0.1) only under a recipe that configures zoom_frame."""
     import subprocess
     import sys
 
-    code = ("from paravt.rl.rewards.terms import parse_tool_calls as p; "
-            "r = p('<tool_code>crop_video(\"v.mp4\", \"0:05\", 9)</tool_code>'); "
-            "print(r.calls[0].arguments, r.errors)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "{'video_path': 'v.mp4', 'start_time': 5.0, 'end_time': 9.0} []"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model_path: none\ntrain_data: [none.parquet]\nparavt:\n  reward: {rules: paravt}\n"
+                      f"hierarchical_agent:\n  tools: {json.dumps({'crop_video': {}, **extra})}\n")
+    line = {"completion": '<think>\nlook closer\n</think>\n<tool_code>zoom_frame("0:05")</tool_code>',
+            "answer": "B", "question_type": "mcq"}
+    out = subprocess.run([sys.executable, "-m", "paravt.rl.rewards", "--recipe", str(recipe), "--jsonl", "-"],
+                         input=json.dumps(line) + "\n", capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["tool"] == expected

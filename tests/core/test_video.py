@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
-from paravt.core.video import (VideoError, crop_timestamps, overview_timestamps, probe, sample_crop, sample_fps,
-                               sample_overview, smart_resize)
+from paravt.core.video import (crop_timestamps, overview_timestamps, probe, sample_crop, sample_fps, sample_overview,
+                               smart_resize)
+from paravt.core.video_reader import VideoError
 from paravt.data.synthetic import WorldConfig, make_spec, render_frame, write_video
 
 
@@ -127,7 +128,7 @@ def test_reader_is_frame_exact(numbered, name, workers):
 
     decord = pytest.importorskip("decord", reason="decord has no wheel for this platform (aarch64)")
 
-    from paravt.core.video import VideoReader
+    from paravt.core.video_reader import VideoReader
     from paravt.data.synthetic.render import read_frame_number
     path = str(numbered[name])
     vr = decord.VideoReader(path)
@@ -146,7 +147,7 @@ def test_reader_is_frame_exact(numbered, name, workers):
 
 def test_reader_cost_does_not_grow_with_position(numbered):
     """A crop at the end decodes about as many frames as one at the start: never from frame 0."""
-    from paravt.core.video import VideoReader
+    from paravt.core.video_reader import VideoReader
     path = str(numbered["gop48_b0"])  # 60 s, 1440 frames, a keyframe every 48
     costs = {}
     for where, (s, e) in {"start": (1, 31), "end": (28, 58)}.items():
@@ -219,7 +220,7 @@ def test_a_truncated_file_is_a_video_error_naming_it(numbered, tmp_path):
     data = numbered["gop12_b3"].read_bytes()
     cut = tmp_path / "cut.mp4"
     cut.write_bytes(data[: len(data) * 2 // 3])
-    from paravt.core.video import VideoReader
+    from paravt.core.video_reader import VideoReader
     try:
         r = VideoReader(str(cut))
     except VideoError as exc:
@@ -230,7 +231,7 @@ def test_a_truncated_file_is_a_video_error_naming_it(numbered, tmp_path):
 
 
 def test_split_runs_balances_decoding_not_counts():
-    from paravt.core.video import split_runs
+    from paravt.core.video_reader import split_runs
 
     # a 30 s crop at 24 fps in 250-frame GOPs: the first target lies 222 frames after its keyframe
     crop = [7222, 7268, 7312, 7358, 7402, 7448, 7492, 7538, 7582, 7628, 7672, 7718, 7762, 7808, 7852, 7898]

@@ -12,9 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from paravt.core.scoring import episode_well_formed, score
-from paravt.core.toolcall import parse_tool_calls
-from paravt.data import tool_specs  # noqa: F401 - crop_video's call syntax
+from paravt.core.toolcall import ToolCallParser
+from paravt.data.tool_specs import CROP_VIDEO_SYNTAX
 from paravt.data.synthetic.native import to_native
+
+PARSER = ToolCallParser([CROP_VIDEO_SYNTAX])  # the calls the traces write
+parse_tool_calls = PARSER.parse
 
 CALL = '<tool_call>\n{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 0.0, "end_time": 30.0}}\n</tool_call>'
 
@@ -26,7 +29,7 @@ def test_a_native_turn_keeps_calls_and_answers_and_drops_the_structure():
     assert n1 == CALL and n2 == "A"
     assert [c.arguments for c in parse_tool_calls(n1).calls] == [c.arguments for c in parse_tool_calls(first).calls]
     assert score(n2, "A", "mcq").value == 1.0  # the plain answer still scores
-    assert episode_well_formed([first, last]) and not episode_well_formed([n1, n2])  # but is not compliant
+    assert episode_well_formed([first, last], PARSER) and not episode_well_formed([n1, n2], PARSER)  # but is not compliant
 
 
 def test_the_reasoning_is_kept_as_plain_text_by_default():
@@ -38,7 +41,7 @@ def test_the_reasoning_is_kept_as_plain_text_by_default():
     assert "<think>" not in n1 + n2 and "<answer>" not in n2
     assert [c.arguments for c in parse_tool_calls(n1).calls] == [c.arguments for c in parse_tool_calls(first).calls]
     assert score(n2, "A", "mcq").value == 1.0  # the answer after the reasoning is the one scored
-    assert not episode_well_formed([n1, n2])
+    assert not episode_well_formed([n1, n2], PARSER)
 
 
 def _rows(path, rows):

@@ -5,10 +5,13 @@ from dataclasses import replace
 import pyarrow.parquet as pq
 import pytest
 
-from paravt.core.toolcall import parse_tool_calls
 from paravt.core.scoring import score
+from paravt.core.toolcall import ToolCallParser
 from paravt.data.schema import RowError, RLRow, load_rl_rows, load_sft_rows
 from paravt.data.synthetic import WorldConfig, build_world, make_spec
+from paravt.data.tool_specs import CROP_VIDEO_SYNTAX
+
+parse_tool_calls = ToolCallParser([CROP_VIDEO_SYNTAX]).parse  # the calls the traces write
 
 
 def _digest(d):
@@ -185,7 +188,6 @@ def test_reading_rows_in_the_episode_format_are_text_only_episodes():
     user format, with no overview frames; the answer copies the report that shows the asked shape."""
     import re
 
-    from paravt.core.toolcall import parse_tool_calls
     from paravt.data.synthetic import reading_rows
     from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 

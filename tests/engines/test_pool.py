@@ -72,6 +72,53 @@ def test_every_turn_and_sub_agent_of_an_episode_stays_on_one_server(tiny, world)
     assert all(sum(sub for _, sub in e.episodes) == 9 for e in engines)
 
 
+class Dying(Recording):
+    """A server that dies (refuses every request, fails its health probe) when the first sub-agent
+    request reaches it."""
+
+    dead = False
+
+    async def generate(self, input_ids, images, params):
+        if "Describe concisely" in self.tok.decode(input_ids)[-600:]:
+            self.dead = True
+        if self.dead:
+            await asyncio.sleep(0.01)
+            raise ConnectionResetError("connection reset by peer")
+        return await super().generate(input_ids, images, params)
+
+    async def health(self) -> bool:
+        return not self.dead
+
+
+def test_an_episode_whose_server_dies_under_its_sub_agents_moves_to_one_server(tiny, world, caplog):
+    """Both sub-agents of turn 0 fail on the episode's dying server; they, and every later turn and
+    sub-agent of the episode, go to ONE of the two live servers (the other, as idle, gets nothing)."""
+    _, proc = tiny
+    caplog.set_level(logging.WARNING, logger="paravt.engines.pool")
+    rows, _ = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
+    turns = ["Two windows.\n</think>\n" + call(0, 10) + "\n" + call(10, 20),
+             "One more.\n</think>\n" + call(20, 30), "Done.\n</think>\n<answer>B</answer>"]
+
+    def script(_turn: int, prompt: str) -> str:
+        return turns[{0: 0, 2: 1}.get(prompt.count("</tool_response>"), 2)]
+
+    engines = [Dying(proc.tokenizer, script, delay_s=0.02)] + [Recording(proc.tokenizer, script, delay_s=0.02)
+                                                               for _ in range(2)]
+    pool = EnginePool(engines)
+
+    async def go():
+        EPISODE.set("ep")
+        return await run_episode(EpisodeSample.from_row(rows[0]), pool, proc, EpisodeConfig(max_new_tokens=256,
+                                                                                              max_turns=3), k=4, seed=0)
+    traj = asyncio.run(go())
+    assert traj.end_reason == "answer" and len(traj.subagents) == 3, (traj.end_reason, traj.error)
+    assert [sub for _, sub in engines[0].episodes] == [False]  # turn 0, before it died
+    assert [sub for _, sub in engines[1].episodes] == [True, True, False, True, False] and engines[2].episodes == []
+    assert list(pool.evicted) == [0]
+    lines = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
+    assert len(lines) == 1 and "engine 0" in lines[0], lines
+
+
 def _start(tiny_dir, n: int):
     """``n`` hf_server processes (SGLang's native API) serving the tiny model, once healthy."""
     procs, urls = [], []

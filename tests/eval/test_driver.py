@@ -8,16 +8,19 @@ from pathlib import Path
 import pytest
 
 from paravt.core.config import load_config
-from paravt.eval.driver import EvalConfig, Evaluator, score, summarize
-from paravt.eval.splits import EvalSample
+from paravt.eval.config import EvalConfig, episode_config
+from paravt.eval.driver import Evaluator
+from paravt.eval.identity import IDENTITY_EXCLUDED, run_identity
+from paravt.eval.sample import BenchmarkItem
+from paravt.eval.summary import lost_work, score, summarize
 
 
 def test_scoring_edge_cases():
-    m = EvalSample("1", "s", "v", "q", "B")
+    m = BenchmarkItem("1", "s", "v", "q", "B")
     assert score(m, "<think>\nhm\n</think>\n<answer>(B) blue</answer>")["correct"] == 1.0
     assert score(m, "<think>\nhm\n</think>\nThe answer is B")["correct"] == 1.0  # text after </think>
     assert score(m, "<think>\nunsure")["correct"] == 0.0
-    t = EvalSample("2", "s", "v", "q", [10.0, 20.0], "tvg")
+    t = BenchmarkItem("2", "s", "v", "q", [10.0, 20.0], "tvg")
     assert score(t, "<answer>10.0 - 20.0 seconds</answer>")["iou"] == 1.0
     assert score(t, "<answer>00:15 - 00:25</answer>")["iou"] == pytest.approx(5 / 15)
     assert score(t, "<answer>no idea</answer>")["iou"] == 0.0
@@ -97,7 +100,6 @@ def test_missing_videos_are_counted(world, tiny_dir, tmp_path):
                                                    "max_new_tokens=16", "progress=false", "limit=3", "nframes=4",
                                                    "prompt_mode=direct"])).run()["synthetic"]
     assert res["missing_video"] == 1 and res["evaluated"] == 2 and res["n"] == 3 and res["lost"] == 1
-    from paravt.eval.driver import lost_work
     assert lost_work({"synthetic": res}) and not lost_work({"synthetic": res}, max_error_fraction=0.5)
 
 
@@ -113,7 +115,6 @@ def test_config_errors():
 
 
 def test_penalties_reach_the_episode_and_the_resume_identity(tiny_dir):
-    from paravt.eval.driver import episode_config, run_identity
 
     off, on = EvalConfig(model=str(tiny_dir)), EvalConfig(model=str(tiny_dir), frequency_penalty=0.5, presence_penalty=0.1)
     assert run_identity(off, "synthetic") != run_identity(on, "synthetic")
@@ -127,7 +128,6 @@ def test_resume_identity_is_derived_from_the_config(tiny_dir):
     run-only fields are not."""
     import dataclasses
 
-    from paravt.eval.driver import IDENTITY_EXCLUDED, run_identity
 
     base = EvalConfig(model=str(tiny_dir))
     ident = run_identity(base, "synthetic")

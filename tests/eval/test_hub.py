@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from paravt.eval.fetch import Archive, HubOptions, HubUnavailable, extract, find_archives, snapshot
+from paravt.data.archives import Archive, extract, find_archives
+from paravt.eval.hub import HubConfig, HubUnavailable, snapshot
 from paravt.eval.splits import SPLITS, LoadReport, load_split, read_srt
 from tests.eval.hub_layouts import build_hub_copies, tar_bytes, write_hub_cache, zip_bytes, parquet_bytes
 
@@ -46,7 +47,7 @@ def fetched(tmp_path_factory, video):
 
 def _load(home: Path, name: str, **kw) -> tuple[list, LoadReport]:
     rep: list[LoadReport] = []
-    opts = HubOptions(source="hub", cache_dir=str(home / "hub"), **kw)
+    opts = HubConfig(source="hub", cache_dir=str(home / "hub"), **kw)
     before = os.environ.get("HF_HOME")
     os.environ["HF_HOME"] = str(home)  # media roots: $HF_HOME/<media dir>
     try:
@@ -124,12 +125,12 @@ def test_the_hub_layout_in_data_root_loads_the_same_rows(fetched, tmp_path):
 
 def test_a_split_missing_everywhere_names_every_place_and_the_command(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
-        load_split("lvbench", tmp_path, None, HubOptions(cache_dir=str(tmp_path / "empty_cache")))
+        load_split("lvbench", tmp_path, None, HubConfig(cache_dir=str(tmp_path / "empty_cache")))
     msg = str(e.value)
     assert "LVBench/{data/train-*.parquet, video_info.meta.jsonl}" in msg and "lmms-lab/LVBench" in msg
     assert "python -m paravt.eval.fetch lvbench" in msg and "split_paths.lvbench" in msg
     with pytest.raises(FileNotFoundError, match="LVBench/"):  # local only: the cache is not consulted
-        load_split("lvbench", tmp_path, None, HubOptions(source="local", cache_dir=str(tmp_path)))
+        load_split("lvbench", tmp_path, None, HubConfig(source="local", cache_dir=str(tmp_path)))
     env = {**os.environ, "HF_HOME": str(tmp_path / "h"), "HF_HUB_OFFLINE": "1"}
     p = subprocess.run([sys.executable, "-m", "paravt.eval.fetch", "--offline", "mmvu", "nope/Nothing"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)

@@ -4,7 +4,9 @@ beside the strict accuracy, never in place of it; a failing judge changes nothin
 import pytest
 
 from paravt.core.config import load_config
-from paravt.eval.driver import EvalConfig, Evaluator, summarize
+from paravt.eval.config import EvalConfig
+from paravt.eval.driver import Evaluator
+from paravt.eval.summary import summarize
 from paravt.eval.judge import MCQJudgeConfig, parse_judge_letter
 
 # replies an instruction-tuned judge gives to "which option does the reply choose?"

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from paravt.data.schema import DataError
-from paravt.eval.fetch import Archive, extract, find_archives
+from paravt.data.archives import Archive, extract, find_archives
+from paravt.eval.hub import HubConfig
 from paravt.eval.splits import load_split
 from tests.eval.hub_layouts import parquet_bytes, tar_bytes, write_hub_cache, zip_bytes
 
@@ -17,10 +18,9 @@ VMME = {"video_id": "1", "duration": "short", "domain": "d", "sub_category": "s"
 
 
 def _load(tmp_path, monkeypatch, name):
-    from paravt.eval.fetch import HubOptions
 
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    return load_split(name, "/nonexistent", None, HubOptions(source="hub", cache_dir=str(tmp_path / "hub")), [])
+    return load_split(name, "/nonexistent", None, HubConfig(source="hub", cache_dir=str(tmp_path / "hub")), [])
 
 
 def test_every_shard_is_read_in_order(tmp_path, monkeypatch):

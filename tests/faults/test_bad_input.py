@@ -13,7 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from paravt.core.toolcall import parse_tool_calls
+from paravt.core.toolcall import ToolCallParser
+from paravt.data.tool_specs import CROP_VIDEO_SYNTAX
+
+parse_tool_calls = ToolCallParser([CROP_VIDEO_SYNTAX]).parse  # the default recipe's one tool
 
 CALL = '<tool_call>\n{{"name": "crop_video", "arguments": {{"video_path": "v.mp4", "start_time": {s}, "end_time": {e}}}}}\n</tool_call>'
 GOOD = CALL.format(s=1, e=5)

@@ -294,7 +294,9 @@ def test_materialize_a_parquet_that_is_not_one_is_one_line(tmp_path):
 
 def test_a_runaway_number_in_a_call_block_is_named_to_the_model():
     from paravt.core import prompts
-    from paravt.core.toolcall import parse_tool_calls
+    from paravt.core.toolcall import ToolCallParser
+    from paravt.data.tool_specs import CROP_VIDEO_SYNTAX
+    parse_tool_calls = ToolCallParser([CROP_VIDEO_SYNTAX]).parse
     r = parse_tool_calls("<video_zoom>" + "9" * 16000 + "</video_zoom>")
     (err,) = r.errors
     text = prompts.parse_error_text(err)

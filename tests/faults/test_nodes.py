@@ -123,10 +123,12 @@ def test_a_lost_node_ends_the_other_within_the_bound_and_the_run_resumes(world, 
 
 
 def _stub_torchrun(tmp_path: Path) -> dict[str, str]:
-    """A ``torchrun`` on PATH that records its arguments and the weight group's NCCL setting, then exits 0."""
+    """A ``torchrun`` on PATH that records the weight group's NCCL setting, the node count and the layout's
+    servers its workers see, and its arguments, then exits 0."""
     b = tmp_path / "bin"
     b.mkdir()
-    (b / "torchrun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "NCCL_CUMEM_ENABLE=${NCCL_CUMEM_ENABLE:-unset}" "$@" '
+    (b / "torchrun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "NCCL_CUMEM_ENABLE=${NCCL_CUMEM_ENABLE:-unset}" '
+                                '"NNODES=${NNODES:-unset}" "SERVERS=${PARAVT_SERVERS_NODES-unset}" "$@" '
                                 f'> {tmp_path}/torchrun.$NODE_RANK.txt\n')
     (b / "torchrun").chmod(0o755)
     venv = ROOT / ".venv-cpu"  # the launcher activates no venv of its own then, so the stub stays first on PATH

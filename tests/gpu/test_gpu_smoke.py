@@ -63,7 +63,8 @@ def test_eval_with_subagents_on_gpu(world, tiny_dir, tmp_path, monkeypatch):
     """The eval driver's in-process engine in bf16 on the GPU, agentic mode (crop_video as sub-agents)."""
     import paravt.eval.driver as drv
     from paravt.core.config import load_config
-    from paravt.eval.driver import EvalConfig, Evaluator
+    from paravt.eval.config import EvalConfig
+    from paravt.eval.driver import Evaluator
 
     built = []
     real = drv.build_engine

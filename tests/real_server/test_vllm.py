@@ -82,7 +82,7 @@ def test_served_prompt_ids_equal_ours(sft_world, sft_checkpoint, vllm_server):
     from paravt.agent.episode import EpisodeSample, build_overview
     from paravt.engines.base import SamplingParams
     from paravt.engines.openai import OpenAIEngine
-    from paravt.eval.driver import EvalConfig, episode_config
+    from paravt.eval.config import EvalConfig, episode_config
     from paravt.eval.splits import load_split
     from paravt.models.loading import load_processor
     from paravt.models.tokenize import encode_prompt
@@ -148,7 +148,7 @@ def test_tool_turn_with_frames_renders_to_our_ids(sft_world, sft_checkpoint, vll
     from paravt.core.toolcall import ToolCall, format_tool_call
     from paravt.engines.base import SamplingParams
     from paravt.engines.openai import OpenAIEngine
-    from paravt.eval.driver import EvalConfig, episode_config
+    from paravt.eval.config import EvalConfig, episode_config
     from paravt.eval.splits import load_split
     from paravt.models.loading import load_processor
     from paravt.models.tokenize import encode_prompt

@@ -13,9 +13,9 @@ from paravt.core.config import load_config
 from paravt.core.video import overview_timestamps
 from paravt.data.synthetic import WorldConfig, expert_trajectory, make_question
 from paravt.rl.config import RLConfig
+from paravt.rl.grpo import gtr_objective
 from paravt.rl.gtr import (CorrectionBuffer, LLMCorrector, OracleCorrector, TurnState, build_correction,
-                           collapse_metrics, correction_text, first_thought, gtr_objective, parse_verdict,
-                           thought_answer_consistent)
+                           collapse_metrics, correction_text, first_thought, parse_verdict, thought_answer_consistent)
 
 
 def _expert_states(oracle, limit=40):

@@ -9,12 +9,20 @@ import sys
 
 import pytest
 
-from paravt.rl.rewards import RewardKnobs, compute_reward, degenerate, format_reward
-from paravt.rl.rewards import tool_reward as _tool_reward
 from functools import partial
 from pathlib import Path
 
+from paravt.agent.tools import CropVideo, call_parser
+from paravt.rl.rewards.terms import RewardKnobs, degenerate
 from paravt.rl.rewards.terms import accuracy as _accuracy
+from paravt.rl.rewards.terms import compute_reward as _compute_reward
+from paravt.rl.rewards.terms import format_reward as _format_reward
+from paravt.rl.rewards.terms import tool_reward as _tool_reward_of
+
+PARSER = call_parser([CropVideo])  # the recipes' one tool: rules paravt read calls with it
+compute_reward = partial(_compute_reward, parser=PARSER)
+format_reward = partial(_format_reward, parser=PARSER)
+_tool_reward = partial(_tool_reward_of, parser=PARSER)
 
 CASES = [json.loads(x) for x in (Path(__file__).parent / "data/release_reward_cases.jsonl").read_text().splitlines()]
 

@@ -63,10 +63,17 @@ def test_two_steps_in_one_process(world, tiny_dir, tmp_path):
     assert len(eps) == len(trajs) and not skipped
 
 
-def test_world_size_must_divide_the_batch():
-    cfg = load_config(RLConfig, "configs/rl/tiny.yaml", ["grpo.prompts_per_step=3"])
-    with pytest.raises(ValueError, match="multiple of the trainer world size 2"):
-        cfg.check_world_size(2)
+def test_any_world_size_up_to_the_samples_of_a_step():
+    """7 prompts on 15 trainer ranks (two 8-GPU nodes, one rollout GPU) is fine: no divisibility; more ranks
+    than a step's main-agent samples is one line naming the limit."""
+    cfg = load_config(RLConfig, "configs/rl/paragrpo_8b.yaml")
+    assert (cfg.grpo.prompts_per_step, cfg.grpo.n_samples) == (7, 8)
+    for w in (1, 2, 3, 7, 14, 15, 56):
+        cfg.check_world_size(w)
+    with pytest.raises(ValueError, match=r"= 56 samples a step cannot keep 57 trainer ranks busy.*at most 56"):
+        cfg.check_world_size(57)
+    with pytest.raises(ValueError, match=">= 1"):
+        cfg.check_world_size(0)
 
 
 def test_prompt_schedule_is_seeded():

@@ -6,6 +6,9 @@
 Each input line: ``{"completion": ..., "answer": ..., "question_type": "mcq"|"tvg"|"oe"}``.
 Each output line: ``{"total", "acc", "format", "tool"}`` (plus ``"error"`` for a bad line,
 which is reported with its line number; the others are still scored).
+
+Tool calls are read by the parser of the recipe's ``hierarchical_agent.tools`` (without a recipe:
+the default tools), as the recipe's episodes read them.
 """
 
 from __future__ import annotations
@@ -14,17 +17,29 @@ import argparse
 import json
 import sys
 
+from paravt.agent.tools import recipe_call_parser
+from paravt.core.toolcall import ToolCallParser
 from paravt.rl.rewards.terms import RewardKnobs, compute_reward
 
 
-def knobs_from_recipe(path: str | None) -> RewardKnobs:
-    """The recipe's ``paravt:`` block, composed like the trainer does (Hydra defaults included)."""
-    if not path:
-        return RewardKnobs()
+def _recipe(path: str):
+    """The RL recipe at ``path``, composed like the trainer does (Hydra defaults included)."""
     from paravt.core.config import load_config  # noqa: PLC0415
     from paravt.rl.config import RLConfig  # noqa: PLC0415
 
-    return load_config(RLConfig, path).paravt.knobs()
+    return load_config(RLConfig, path)
+
+
+def knobs_from_recipe(path: str | None) -> RewardKnobs:
+    """The recipe's ``paravt:`` block (defaults without a recipe)."""
+    return _recipe(path).paravt.knobs() if path else RewardKnobs()
+
+
+def parser_from_recipe(path: str | None) -> ToolCallParser:
+    """The call parser of the recipe's ``hierarchical_agent.tools`` (the default tools without a recipe)."""
+    from paravt.rl.config import AgentConfig  # noqa: PLC0415
+
+    return recipe_call_parser(_recipe(path).hierarchical_agent.tools if path else AgentConfig().tools)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tool-weight", type=float, help="weight of R_tool (default: the recipe's)")
     ap.add_argument("--rules", choices=["release", "paravt"], help="reward rule set (default: the recipe's)")
     a = ap.parse_args(argv)
-    k = knobs_from_recipe(a.recipe)
+    k, parser = knobs_from_recipe(a.recipe), parser_from_recipe(a.recipe)
     over = {"answer_suffix": a.answer_suffix, "anchor_weight": a.anchor_weight, "mode": a.mode,
             "format_weight": a.format_weight, "rules": a.rules, "tool_weight": a.tool_weight}
     k = RewardKnobs(**{**k.__dict__, **{n: v for n, v in over.items() if v is not None}})
@@ -54,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             try:
                 rec = json.loads(line)
-                r = compute_reward(rec["completion"], rec["answer"], rec.get("question_type", "oe"), k, judge)
+                r = compute_reward(rec["completion"], rec["answer"], rec.get("question_type", "oe"), k, judge,
+                                   parser=parser)
                 out = {"total": r.total, "acc": r.acc, "format": r.format, "tool": r.tool}
             except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
                 bad += 1

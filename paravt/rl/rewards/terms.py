@@ -14,7 +14,8 @@ Two rule sets (``paravt.reward.rules``):
   guard is "5 ``<|im_start|>`` within any 300 characters" (a long degenerate text is still
   caught), only closed thinks count, an unclosed ``<answer>x`` earns the open-tag credit, the
   think→tool credit checks tag order only, and answers use the eval scorer (letters A-J, MM:SS
-  spans), so training and eval score one completion alike.
+  spans), so training and eval score one completion alike; tool calls are read by the parser of
+  the recipe's tools (``parser``: :func:`paravt.agent.tools.call_parser`), as the episode reads them.
 
 The scored text is the main agent's turns as the model wrote them: when ``think_prefix`` is on,
 each turn's forced ``<think>\\n`` belongs to it (the published code scored only the generated
@@ -39,14 +40,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from paravt.core.scoring import (ANSWER_BODY_RE, ANSWER_RE, CALL_START_RE, OPEN_THINK_RE, THINK_BLOCK_RE,
                                  release_accuracy, release_extract_answer, score)
-from paravt.core.toolcall import parse_tool_calls, release_has_tool_call
-# crop_video's call syntax (positional order, time parameters, <video_zoom>): the rewards read its
-# calls exactly as the episodes do, also when no tool was built in this process (the rewards CLI)
-from paravt.data import tool_specs  # noqa: F401
+from paravt.core.toolcall import release_has_tool_call
+
+if TYPE_CHECKING:
+    from paravt.core.toolcall import ToolCallParser
 
 SUBSTANTIVE_THINK_CHARS = 10
 TAG_PAIRS = ("think", "tool_call", "tool_code", "answer")
@@ -143,10 +144,20 @@ def _release_format(text: str, answer_suffix: bool, anchor_weight: float) -> flo
     return min(score, 1.0)
 
 
-def format_reward(text: str, answer_suffix: bool = True, anchor_weight: float = 0.5, rules: str = "release") -> float:
-    """R_fmt (≤ 1) under ``rules`` (see the module docstring)."""
+def _calls_parser(parser: "ToolCallParser | None") -> "ToolCallParser":
+    """``rules: paravt`` reads calls as the episode does: with the parser of the recipe's tools."""
+    if parser is None:
+        raise ValueError("reward rules paravt read tool calls with the recipe's tools' parser: pass parser= "
+                         "(paravt.agent.tools.call_parser)")
+    return parser
+
+
+def format_reward(text: str, answer_suffix: bool = True, anchor_weight: float = 0.5, rules: str = "release",
+                  parser: "ToolCallParser | None" = None) -> float:
+    """R_fmt (≤ 1) under ``rules`` (see the module docstring); ``parser`` is needed by ``paravt``."""
     if rules == "release":
         return _release_format(text, answer_suffix, anchor_weight)
+    parser = _calls_parser(parser)
     thinks = THINK_BLOCK_RE.findall(text)
     substantive = any(len(t.strip()) >= SUBSTANTIVE_THINK_CHARS for t in thinks)
     m = ANSWER_BODY_RE.search(text)
@@ -170,7 +181,7 @@ def format_reward(text: str, answer_suffix: bool = True, anchor_weight: float = 
             anchor -= 0.3
         score += anchor_weight * anchor
     call = CALL_START_RE.search(text)
-    if call and parse_tool_calls(text).calls and "<think>" in text and text.index("<think>") < call.start():
+    if call and parser.parse(text).calls and "<think>" in text and text.index("<think>") < call.start():
         score += 0.3
     if score > 0 and all(text.count(f"<{t}>") == text.count(f"</{t}>") for t in TAG_PAIRS):
         score += 0.1
@@ -178,8 +189,9 @@ def format_reward(text: str, answer_suffix: bool = True, anchor_weight: float = 
 
 
 def tool_reward(text: str, acc: float, executed_tool: bool = False, credit_executed_tools: bool = False,
-                rules: str = "release") -> float:
-    has_call = release_has_tool_call(text) if rules == "release" else bool(parse_tool_calls(text).calls)
+                rules: str = "release", parser: "ToolCallParser | None" = None) -> float:
+    """R_tool under ``rules``; ``parser`` (the recipe's tools') is needed by ``paravt``."""
+    has_call = release_has_tool_call(text) if rules == "release" else bool(_calls_parser(parser).parse(text).calls)
     if not has_call:
         return 0.0
     base = 0.3 if ("<tool_response>" in text or (credit_executed_tools and executed_tool)) else 0.1
@@ -189,10 +201,12 @@ def tool_reward(text: str, acc: float, executed_tool: bool = False, credit_execu
 
 
 def compute_reward(text: str, answer: Any, question_type: str, knobs: RewardKnobs = RewardKnobs(),
-                   judge: Callable[[str, str], float] | None = None, executed_tool: bool = False) -> RewardBreakdown:
+                   judge: Callable[[str, str], float] | None = None, executed_tool: bool = False,
+                   parser: "ToolCallParser | None" = None) -> RewardBreakdown:
+    """R of one scored text; ``parser``: the recipe's tools' call parser (needed by ``rules: paravt``)."""
     if degenerate(text, rules=knobs.rules):
         return RewardBreakdown(0.0, 0.0, 0.0, 0.0, guarded=True)
     acc = accuracy(text, answer, question_type, knobs.mode, judge, knobs.rules)
-    fmt = format_reward(text, knobs.answer_suffix, knobs.anchor_weight, knobs.rules)
-    tool = tool_reward(text, acc, executed_tool, knobs.credit_executed_tools, knobs.rules)
+    fmt = format_reward(text, knobs.answer_suffix, knobs.anchor_weight, knobs.rules, parser)
+    tool = tool_reward(text, acc, executed_tool, knobs.credit_executed_tools, knobs.rules, parser)
     return RewardBreakdown(acc + knobs.format_weight * fmt + knobs.tool_weight * tool, acc, fmt, tool)

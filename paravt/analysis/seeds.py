@@ -1,10 +1,10 @@
-"""Across-seed report of ``bash scripts/reproduce_tiny.sh``: ``python -m paravt.eval.seeds OUT``.
+"""Across-seed report of ``bash scripts/reproduce_tiny.sh``: ``python -m paravt.analysis.seeds OUT``.
 
 ``OUT/seed_<s>/`` are quickstart runs that differ only in their training seed (same world). Writes
 ``OUT/report.md`` with, in the paper's shape:
 
 * every eval cell per seed and their mean (score, format compliance, tool use);
-* each effect of :data:`paravt.eval.report.COMPARISONS` per seed (paired over questions) and across
+* each effect of :data:`paravt.analysis.report.COMPARISONS` per seed (paired over questions) and across
   seeds: the mean of the per-seed effects with a 95% interval from a two-level bootstrap (seeds
   resampled, then questions within each drawn seed), stated only when every arm of every seed is
   at least ``MIN_COMPLIANCE`` compliant;
@@ -18,7 +18,7 @@
   (``OUT/fragility_curves.png``).
 
 The seeds must differ in their seed alone: their stages' settings are compared first
-(:mod:`paravt.eval.run_settings`), and seeds run with other settings (another ``RL_STEPS``, another
+(:mod:`paravt.analysis.run_settings`), and seeds run with other settings (another ``RL_STEPS``, another
 ``EVAL_LIMIT``, ...) stop the report with exit 2 and the differing keys, unless
 ``--allow-differing-settings`` (then the report lists them under its title).
 """
@@ -33,8 +33,8 @@ import numpy as np
 
 from paravt.core.metrics import read_jsonl
 from paravt.core.seeding import rng
-from paravt.eval.report import COMPARISONS, MIN_COMPLIANCE, ROWS, _comparison, md_table, per_question
-from paravt.eval.run_settings import differences
+from paravt.analysis.report import COMPARISONS, MIN_COMPLIANCE, ROWS, comparison, md_table, per_question
+from paravt.analysis.run_settings import differences
 
 
 def seed_dirs(out: Path) -> list[Path]:
@@ -86,7 +86,7 @@ def cells_table(runs: list[Path]) -> str:
 def effects_across_seeds(runs: list[Path], seed: int = 0) -> str:
     lines = []
     for c in COMPARISONS:
-        name, b, kb, a, ka = _comparison(c)
+        name, b, kb, a, ka = comparison(c)
         d = [_diffs(r, b, kb, a, ka, "score") for r in runs]
         if any(x is None or not len(x) for x in d):
             continue
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     args = [a for a in args if a != "--allow-differing-settings"]
     if len(args) != 1 or args[0] in ("-h", "--help"):
         print(__doc__)
-        print("usage: python -m paravt.eval.seeds OUT [--allow-differing-settings]")
+        print("usage: python -m paravt.analysis.seeds OUT [--allow-differing-settings]")
         return 0 if args and args[0] in ("-h", "--help") else 2
     out = Path(args[0])
     runs = seed_dirs(out)
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
               " with the differences listed):\n  " + "\n  ".join(differ[:20]), file=sys.stderr)
         return 2
     seeds = ", ".join(r.name.split("_")[1] for r in runs)
-    same = ("Every stage's settings are the same in every seed but the seed (python -m paravt.eval.run_settings)."
+    same = ("Every stage's settings are the same in every seed but the seed (python -m paravt.analysis.run_settings)."
             if not differ else "**The seeds differ in settings** (written with --allow-differing-settings): "
             + "; ".join(differ) + ".")
     md = [f"# Tiny ParaVT across seeds ({time.strftime('%Y-%m-%d %H:%M')})", "",

@@ -1,5 +1,5 @@
 """The RL-made effects across seeds, against criteria fixed before the runs:
-``python -m paravt.eval.effects RUN_DIR [RUN_DIR ...] [--out effects.md]``.
+``python -m paravt.analysis.effects RUN_DIR [RUN_DIR ...] [--out effects.md]``.
 
 Each ``RUN_DIR`` is one seed of ``experiments/rl_effects_pilot.sh``: sampled eval (several draws per
 question at the rollout temperature) of SFT, vanilla GRPO and PARA-GRPO at K = 4 and K = 64, in
@@ -7,7 +7,7 @@ question at the rollout temperature) of SFT, vanilla GRPO and PARA-GRPO at K = 4
 
 Per question, the draws are averaged (score, whether the episode called a tool). Every effect is a
 paired difference over questions, its mean taken per seed and then across seeds, with a 95% interval
-from the two-level bootstrap of :func:`paravt.eval.seeds.two_level_bootstrap` (seeds resampled, then
+from the two-level bootstrap of :func:`paravt.analysis.seeds.two_level_bootstrap` (seeds resampled, then
 questions). In points (× 100):
 
 * E1 PARA-GRPO beats vanilla at low K: at K = 4, PARA − vanilla ≥ +5 and PARA − SFT ≥ +5, each with
@@ -21,7 +21,7 @@ An effect that does not appear is reported as such, with the numbers; nothing he
 worlds and eval questions, another RL setting): every effect and cell of the second design minus the
 first's, paired by seed (in the order given) and by question, with the same two-level interval.
 
-Within a design the seeds must differ in their seed alone (:mod:`paravt.eval.run_settings` compares every
+Within a design the seeds must differ in their seed alone (:mod:`paravt.analysis.run_settings` compares every
 stage's settings); otherwise exit 2 with the differing keys, unless ``--allow-differing-settings``.
 """
 
@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from paravt.core.metrics import read_jsonl
-from paravt.eval.run_settings import differences
-from paravt.eval.seeds import two_level_bootstrap
+from paravt.analysis.run_settings import differences
+from paravt.analysis.seeds import two_level_bootstrap
 
 MODELS = ("sft", "vanilla", "paragrpo")
 KS = (4, 64)
@@ -170,7 +170,7 @@ def markdown(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m paravt.eval.effects", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m paravt.analysis.effects", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="one rl_effects_pilot.sh output folder per seed")
     ap.add_argument("--against", nargs="+", type=Path, metavar="RUN_DIR",
                     help="a second design's folders, one per seed in the same order: report its effects minus the first's")

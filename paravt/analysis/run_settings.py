@@ -116,7 +116,7 @@ def differences(runs: list[Path]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m paravt.eval.run_settings",
+    ap = argparse.ArgumentParser(prog="python -m paravt.analysis.run_settings",
                                  description="Where run folders (seeds of one reproduction) differ in settings; exit 1 if"
                                              " they do.")
     ap.add_argument("runs", nargs="+", type=Path, help="run folders: quickstart OUT_DIRs or rl_effects_pilot.sh ones")

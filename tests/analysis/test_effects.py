@@ -1,10 +1,10 @@
-"""The across-seed effects report of the RL-effects design (python -m paravt.eval.effects)."""
+"""The across-seed effects report of the RL-effects design (python -m paravt.analysis.effects)."""
 
 import json
 
 import pytest
 
-from paravt.eval.effects import effects, main, markdown
+from paravt.analysis.effects import effects, main, markdown
 
 
 def _write(run, row, draws):
@@ -70,7 +70,7 @@ def test_a_missing_cell_or_a_lost_draw_is_one_line_and_a_failing_exit(tmp_path, 
 
 
 def test_against_compares_two_designs_seed_by_seed_and_question_by_question(tmp_path, capsys):
-    from paravt.eval.effects import compare
+    from paravt.analysis.effects import compare
 
     base = [_seed(tmp_path / "base", s, p) for s, p in enumerate((0.2, 0.3, 0.4))]
     other = [_seed(tmp_path / "other", s, p) for s, p in enumerate((0.8, 0.6, 0.7))]

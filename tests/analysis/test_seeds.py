@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from paravt.eval.seeds import main, two_level_bootstrap
+from paravt.analysis.seeds import main, two_level_bootstrap
 
 
 def _write(run, row, scores, formed, calls=None):
@@ -60,7 +60,7 @@ def test_fragility_table_judges_the_change_from_the_first_fifth_on_a_base_with_s
     """On a base 50% compliant at RL start, vanilla's compliance falls 0.5 -> 0.2 while PARA's rises to 0.6 in
     every seed: the changes differ by +34 points, E3 met. A base at 90% fails the precondition, named;
     two more seeds that cancel the effect leave an interval containing 0, and the verdict follows it."""
-    from paravt.eval.seeds import fragility_table
+    from paravt.analysis.seeds import fragility_table
 
     falling = [0.5 - 0.3 * i / 19 for i in range(20)]
     rising = [0.5 + 0.1 * i / 19 for i in range(20)]

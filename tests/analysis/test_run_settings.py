@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 
-from paravt.eval.run_settings import differences, main as settings_main
-from paravt.eval.seeds import main as seeds_main
+from paravt.analysis.run_settings import differences, main as settings_main
+from paravt.analysis.seeds import main as seeds_main
 
 
 def _stage(run, name, config):

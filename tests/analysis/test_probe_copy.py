@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from paravt.data.synthetic import WorldConfig
-from paravt.eval.probe import copy_stats
+from paravt.analysis.probe import copy_stats
 
 
 class _Rule(torch.nn.Module):
@@ -49,7 +49,7 @@ def test_summary_hits_in_both_report_wordings():
     """The perception probe scores a summary the same in either world wording (a shape_first world
     scored 0% colour+shape before: the check only knew "yellow circle")."""
     from paravt.data.synthetic.traces import sighting
-    from paravt.eval.probe import summary_hits
+    from paravt.analysis.probe import summary_hits
 
     for wording in ("colour_first", "shape_first"):
         right = sighting("circle", "yellow", [14.0, 17.0], wording)

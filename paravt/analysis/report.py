@@ -1,11 +1,11 @@
 """The quickstart report: one Markdown file + PNG curves from the stages' own outputs.
 
-    python -m paravt.eval.report OUT_DIR
-    python -m paravt.eval.report --gtr OUT_DIR     (the GTR ablation of experiments/ablate_gtr.sh)
+    python -m paravt.analysis.report OUT_DIR
+    python -m paravt.analysis.report --gtr OUT_DIR     (the GTR ablation of experiments/ablate_gtr.sh)
 
 Reads ``OUT/eval/summary_all.json`` (eval driver), ``OUT/rl_vanilla/metrics.jsonl`` and
 ``OUT/rl_paragrpo/metrics.jsonl`` (RL), ``OUT/sft/metrics.jsonl`` (SFT), ``OUT/probe_*.json``
-(:mod:`paravt.eval.probe`: what the sub-agents see), ``OUT/stage_seconds.tsv`` and ``OUT/machine_speed.json``
+(:mod:`paravt.analysis.probe`: what the sub-agents see), ``OUT/stage_seconds.tsv`` and ``OUT/machine_speed.json``
 (:mod:`paravt.core.machine_speed`, for the header); writes
 ``OUT/report.md`` and ``OUT/report_curves.png``; prints the results table.
 
@@ -109,7 +109,7 @@ def constant_answers(out: Path, share: float = 0.8, min_n: int = 10) -> list[str
     return notes
 
 
-def _comparison(c) -> tuple[str, str, int, str, int]:
+def comparison(c) -> tuple[str, str, int, str, int]:
     return c if len(c) == 5 else (c[0], c[1], c[3], c[2], c[3])  # (name, B, A, K): one K for both
 
 
@@ -118,7 +118,7 @@ def effects_table(out: Path, seed: int = 0, comparisons=None) -> str:
     compliance; a score effect is stated only when both arms are at least MIN_COMPLIANCE compliant."""
     lines = []
     for c in comparisons or COMPARISONS:
-        name, b, kb, a, ka = _comparison(c)
+        name, b, kb, a, ka = comparison(c)
         ca = per_question(out, f"{a}-K{ka}", "well_formed")
         cb = per_question(out, f"{b}-K{kb}", "well_formed")
         comp = [sum(x.values()) / len(x) if x else 0.0 for x in (ca, cb)]
@@ -317,12 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     effects = effects_table(out)
     if effects:
         md += ["The paper's effects as paired differences on the same questions (B − A; "
-               "`paravt.eval.report.paired_delta`, 10 000 resamples):", "", effects, ""]
+               "`paravt.analysis.report.paired_delta`, 10 000 resamples):", "", effects, ""]
     md += ["RL training curves (first fifth vs last fifth of the steps):", "",
           "| run | metric | start | end |", "|---|---|---|---|", *first_last, ""]
     probes = probe_table(out)
     if probes:
-        md += ["What the sub-agents see (python -m paravt.eval.probe; held-out videos, greedy; chance colour acc 12.5%; copying = teacher-forced accuracy on a repeated world sentence vs its first occurrence; reading = the answer to perfect reports given as text restates the asked shape / names its colour / copies its times, in %):",
+        md += ["What the sub-agents see (python -m paravt.analysis.probe; held-out videos, greedy; chance colour acc 12.5%; copying = teacher-forced accuracy on a repeated world sentence vs its first occurrence; reading = the answer to perfect reports given as text restates the asked shape / names its colour / copies its times, in %):",
                "", probes, ""]
     if (out / "stage_seconds.tsv").exists():  # written by scripts/quickstart.sh; the last run of a stage wins
         st = dict(line.split("\t") for line in (out / "stage_seconds.tsv").read_text().splitlines() if "\t" in line)

@@ -2,7 +2,7 @@
 
 import json
 
-from paravt.eval.report import effects_table, main, paired_delta, probe_table, reading_check, results_table
+from paravt.analysis.report import effects_table, main, paired_delta, probe_table, reading_check, results_table
 
 
 def _summary(score, tool_rate):
@@ -72,7 +72,7 @@ def test_effects_table_from_per_question_files(tmp_path):
 
 
 def test_gtr_report_pairs_the_two_arms_and_reads_collapse_metrics(tmp_path):
-    from paravt.eval.report import gtr_report
+    from paravt.analysis.report import gtr_report
 
     for row, scores in (("paragrpo-K4", [0.0] * 40), ("gtr-K4", [1.0] * 10 + [0.0] * 30)):
         d = tmp_path / "eval" / row / "image_url"
@@ -96,7 +96,7 @@ def test_gtr_report_pairs_the_two_arms_and_reads_collapse_metrics(tmp_path):
 def test_constant_answers_are_flagged(tmp_path):
     """A row that gives one answer to (nearly) every mcq / oe question is named in the report; a row
     whose answers vary is not; types with too few questions are skipped."""
-    from paravt.eval.report import constant_answers
+    from paravt.analysis.report import constant_answers
 
     def write(row, preds):
         d = tmp_path / "eval" / row / "image_url"

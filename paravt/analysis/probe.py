@@ -1,6 +1,6 @@
 """Can the model SEE? Probe the sub-agent on the held-out synthetic videos.
 
-    python -m paravt.eval.probe --model runs/quickstart/sft/final --world runs/quickstart/world
+    python -m paravt.analysis.probe --model runs/quickstart/sft/final --world runs/quickstart/world
 
 For each eval event the crop_video tool (sub-agent mode, greedy) summarises three windows:
 
@@ -41,12 +41,12 @@ from pathlib import Path
 
 import torch
 
-from paravt.agent.tools import CropConfig, CropVideo, ToolContext
+from paravt.agent.tools import CropConfig, CropVideo, ToolContext, subagent_messages
 from paravt.core.toolcall import ToolCall
 from paravt.data.schema import load_rl_rows
 from paravt.core.seeding import py_rng
-from paravt.data.synthetic import COLOURS, SHAPES, WorldConfig, lookup_example, make_spec
-from paravt.data.synthetic.traces import where
+from paravt.data.synthetic.traces import lookup_example, where
+from paravt.data.synthetic.world import COLOURS, SHAPES, WorldConfig, make_spec
 from paravt.engines.base import SamplingParams
 
 SHAPE_RE = re.compile(r"\b(" + "|".join(SHAPES) + r")\b")
@@ -169,7 +169,6 @@ async def probe_reading(engine, cfg: WorldConfig, n: int, max_tokens: int = 96) 
 def feature_stats(engine, rows, n: int = 8) -> dict:
     """Image embedding norm vs text embedding norm; |Δlogit| at the last prompt position when
     the pixels of a crop are zeroed."""
-    from paravt.core.prompts import frames_content, subagent_prompt  # noqa: PLC0415
     from paravt.core.video import sample_crop  # noqa: PLC0415
 
     model, proc = engine.model, engine.processor
@@ -177,7 +176,7 @@ def feature_stats(engine, rows, n: int = 8) -> dict:
     for r in rows[:n]:
         s, e = r.extra_info["span"]
         frames = sample_crop(r.video, max(0.0, s - 6), e + 6)
-        msgs = [{"role": "user", "content": frames_content(frames) + [{"type": "text", "text": "\n" + subagent_prompt(s - 6, e + 6)}]}]
+        msgs = subagent_messages(frames, s - 6, e + 6)
         text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         inp = proc(text=[text], images=[f.image for f in frames], return_tensors="pt")
         feats = model.model.get_image_features(inp["pixel_values"], inp["image_grid_thw"], return_dict=True)

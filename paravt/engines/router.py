@@ -1,0 +1,255 @@
+"""vLLM rollout servers behind one router: ``vllm-router`` (requirements/rl.txt, cpu.txt) started by
+trainer rank 0 in front of the servers it uses, and :class:`RoutedPool`, the engine that sends every
+request through it.
+
+* :class:`VLLMRouter` starts ``python -m vllm_router.launch_router`` from the trainer's own environment
+  once the servers answer, waits until the router reports every one of them healthy (``/readiness``),
+  and stops it with the run (it dies with the process that started it, kill -9 included). The router
+  runs ``--policy sticky_least_loaded`` with its own retries and circuit breaker off, so a failed request
+  comes back to the pool instead of being retried on the same (sticky) server.
+* :class:`RoutedPool` is an :class:`~paravt.engines.pool.EnginePool` whose requests go to the router's
+  one URL. An episode's view sends its key as ``X-Session-ID``: the router puts a new key on the server
+  with the fewest keys and every later request with that key (each turn, each sub-agent) on the
+  same one. A failed request is followed by a health probe of every live server, each directly; those
+  that do not answer are evicted (one warning line each) and removed from the router
+  (``/remove_worker``), which moves their keys to a live server, and the request is sent again. With
+  no dead server the error goes back to the episode (a bad request is not a dead server). Weight pushes,
+  the version each server holds and the probes reach the servers directly, as in the pool; with none left
+  every request fails at once and the next push ends the run (exit 3).
+
+Why not SGLang's router: ``sglang-router`` 0.3.2 rebuilds ``/generate`` from its own typed request and
+drops ``sampling_params.logit_bias`` (the ban on generating vision placeholder tokens); SGLang runs keep
+the pool, which sends each request to its server itself (docs/GUIDE.md, "Routers").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import logging
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from paravt.engines.base import EngineError, GenerationOutput, SamplingParams
+from paravt.engines.pool import EnginePool
+from paravt.engines.sglang import SGLangServer
+from paravt.engines.vllm import VLLMEngine
+
+log = logging.getLogger(__name__)
+
+KEY_HEADER = "X-Session-ID"  # the first header vllm-router reads a routing key from (src/policies/hash_key.rs)
+_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("paravt_router_key", default=None)
+_SERVED = re.compile(r'^vllm_router_processed_requests_total\{worker="([^"]+)"\}\s+(\S+)', re.M)
+
+
+@dataclass
+class RouterConfig:
+    python: str = sys.executable  # the environment holding vllm-router (the trainer's)
+    host: str = "127.0.0.1"  # only trainer rank 0 talks to it
+    port: int = 0  # 0: a free port
+    metrics_port: int = 0  # its Prometheus port (requests per server, :meth:`RoutedPool.take_served`); 0: a free port
+    startup_timeout_s: float = 120.0  # give up waiting for /readiness after this
+    log_file: str | None = None  # the router's log (null: vllm-router_<port>.log)
+    extra_args: list[str] = field(default_factory=list)  # more vllm-router flags
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+
+def router_command(cfg: RouterConfig, worker_urls: Sequence[str]) -> list[str]:
+    """argv of the router in front of ``worker_urls``."""
+    if not worker_urls:
+        raise ValueError("a router needs at least one rollout server URL")
+    if not cfg.port or not cfg.metrics_port:
+        raise ValueError("router_command needs the router's port and metrics port (VLLMRouter picks free ones)")
+    return [cfg.python, "-m", "vllm_router.launch_router", "--host", cfg.host, "--port", str(cfg.port),
+            "--worker-urls", *worker_urls, "--policy", "sticky_least_loaded",
+            # the pool judges a failed request (probe, evict, send again); the router must not retry it on
+            # the same sticky server nor hide the failure
+            "--disable-retries", "--disable-circuit-breaker",
+            "--worker-startup-timeout-secs", str(int(cfg.startup_timeout_s)), "--worker-startup-check-interval", "1",
+            "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.metrics_port), *cfg.extra_args]
+
+
+class VLLMRouter(SGLangServer):
+    """The router process: ``VLLMRouter(cfg, urls).start()`` returns once it reports every server healthy;
+    ``stop()`` ends it (start, port wait, log and stop as :class:`~paravt.engines.sglang.SGLangServer`)."""
+
+    name = "vllm-router"
+    kill_grace_s = 5.0
+    stop_grace_s = 10.0
+
+    def __init__(self, cfg: RouterConfig, worker_urls: Sequence[str]):
+        from paravt.models.parallel import free_port  # noqa: PLC0415
+
+        port = cfg.port or free_port()
+        metrics = cfg.metrics_port or free_port()
+        while metrics == port:
+            metrics = free_port()
+        cfg = dataclasses.replace(cfg, port=port, metrics_port=metrics)
+        super().__init__(cfg)
+        self.worker_urls = [u.rstrip("/") for u in worker_urls]
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        return router_command(self.cfg, self.worker_urls), {}
+
+    def log_tail(self, n: int = 40) -> str:
+        return re.sub(r"\x1b\[[0-9;]*m", "", super().log_tail(n))  # it colours its log even into a file
+
+    def wait_healthy(self) -> None:
+        """Until ``/readiness`` counts every server healthy (the router checks each ``/health`` itself)."""
+        import requests  # noqa: PLC0415
+
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        seen = "no answer"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineError(f"vllm-router exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                r = requests.get(self.cfg.url + "/readiness", timeout=5)
+                body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+                seen = f"HTTP {r.status_code} {r.text[:200]}"
+                if r.status_code == 200 and body.get("healthy_workers") == len(self.worker_urls):
+                    return
+            except (requests.RequestException, ValueError):
+                pass
+            time.sleep(0.5)
+        raise EngineError(f"vllm-router at {self.cfg.url} did not report the {len(self.worker_urls)} rollout "
+                          f"server(s) healthy within {self.cfg.startup_timeout_s:.0f} s (last /readiness: {seen}):\n"
+                          f"{self.log_tail()}")
+
+    def remove(self, url: str) -> None:
+        """Stop routing to ``url`` (its keys move to a live server at their next request)."""
+        import requests  # noqa: PLC0415
+
+        try:
+            r = requests.post(self.cfg.url + "/remove_worker", params={"url": url}, timeout=5)
+            ok, why = r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}"
+        except requests.RequestException as exc:
+            ok, why = False, str(exc)
+        if not ok:
+            log.warning("vllm-router at %s did not remove the evicted server %s (%s)", self.cfg.url, url, why)
+
+    def served(self) -> dict[str, int]:
+        """Requests the router has sent to each server since it started (its Prometheus counter)."""
+        import requests  # noqa: PLC0415
+
+        text = requests.get(self.cfg.metrics_url, timeout=5).text
+        return {u: int(float(n)) for u, n in _SERVED.findall(text)}
+
+
+async def _key_header(_session, _ctx, params) -> None:
+    """aiohttp's ``on_request_start``: the running episode's key, if any, as the key header."""
+    key = _KEY.get()
+    if key is not None:
+        params.headers[KEY_HEADER] = key
+
+
+class RouterClient(VLLMEngine):
+    """:class:`~paravt.engines.vllm.VLLMEngine` at the router's URL: the tokens endpoint with the key
+    header of the request in progress (:meth:`RoutedPool.route` sets it); its liveness is the router's."""
+
+    server_kind = "vLLM router"
+
+    @property
+    def health_url(self) -> str:
+        return self.url + "/liveness"  # the router itself; /readiness would also fail with every server paused
+
+    async def _http(self):
+        import aiohttp  # noqa: PLC0415
+
+        if self._session is None or self._session.closed:
+            trace = aiohttp.TraceConfig()
+            trace.on_request_start.append(_key_header)
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
+                                                  trace_configs=[trace])
+        return self._session
+
+
+class RoutedPool(EnginePool):
+    """Rollout servers (``engines``, each reached directly for weights and probes) whose requests go
+    through ``router`` (see the module docstring)."""
+
+    def __init__(self, engines: Sequence[VLLMEngine], router: VLLMRouter, client: RouterClient,
+                 probe_timeout_s: float = 10.0):
+        super().__init__(engines, probe_timeout_s)
+        self.router, self.client = router, client
+        self._served_base = self._read_served() or {}
+
+    @classmethod
+    def start(cls, engines: Sequence[VLLMEngine], cfg: RouterConfig | None = None, probe_timeout_s: float = 10.0,
+              max_concurrency: int = 256) -> "RoutedPool":
+        """A router started in front of ``engines`` (their servers answer already) and the pool over it. Its
+        client sends requests as the servers' own clients would, ``max_concurrency`` at once per server."""
+        e = engines[0]
+        router = VLLMRouter(cfg or RouterConfig(), [x.url for x in engines]).start()
+        try:
+            client = RouterClient(router.cfg.url, server=router, model=e.model, request_timeout_s=e.request_timeout_s,
+                                  max_retries=e.max_retries, max_concurrency=max_concurrency * len(engines),
+                                  banned_token_ids=e.banned_token_ids, image_token_id=e.image_token_id)
+            return cls(engines, router, client, probe_timeout_s)
+        except BaseException:
+            router.stop()
+            raise
+
+    def evict(self, i: int, why: str) -> None:
+        if i not in self.evicted:
+            super().evict(i, why)
+            self.router.remove(self.names[i])
+
+    async def route(self, pin, input_ids, images, params: SamplingParams) -> GenerationOutput:
+        """One request through the router, under ``pin``'s key; sent again when a server was evicted while
+        it was in flight (by this failure's probes or by another's: requests fail together when their server
+        dies), after the router was told, so it moves the key to a live one."""
+        while True:
+            if not self.live:
+                return GenerationOutput([], [], "error", self.weight_version, error=self.none_left())
+            gone = len(self.evicted)
+            self.client.weight_version = self.weight_version  # a turn whose server reports no version
+            token = _KEY.set(pin.key if pin is not None else None)
+            try:
+                out = await self.client.generate(input_ids, images, params)
+            except Exception as exc:  # noqa: BLE001 - judged below, as a failed request
+                out = GenerationOutput([], [], "error", self.weight_version, error=f"{type(exc).__name__}: {exc}")
+            finally:
+                _KEY.reset(token)
+            if out.finish_reason != "error":
+                return out
+            live = self.live
+            for i, ok in zip(live, await asyncio.gather(*(self._healthy(i) for i in live))):
+                if not ok:
+                    self.evict(i, out.error or "request failed")
+            if len(self.evicted) == gone:
+                return out  # no server died meanwhile: the request itself failed (the episode records it)
+
+    def _read_served(self) -> dict[str, int] | None:
+        try:
+            return self.router.served()
+        except Exception as exc:  # noqa: BLE001 - a metric: its absence is said, never a failed step
+            log.warning("could not read vllm-router's request counts from %s: %s", self.router.cfg.metrics_url, exc)
+            return None
+
+    def take_served(self) -> list[int]:
+        """Requests the router sent to each server since the last call (a per-step metric)."""
+        now = self._read_served()
+        if now is None:
+            return [0] * len(self.engines)
+        out = [now.get(n, 0) - self._served_base.get(n, 0) for n in self.names]
+        self._served_base = now
+        return out
+
+    async def health(self) -> bool:
+        return await self.client.health() and await super().health()
+
+    async def close(self) -> None:
+        await asyncio.gather(self.client.close(), super().close(), return_exceptions=True)
+

@@ -1,0 +1,264 @@
+"""Where an RL run's trainer ranks and rollout servers go over its nodes (``rollout.layout``), each node's
+share of it (read by ``scripts/run_rl.sh``), and how trainer rank 0 finds the servers every node's
+launcher starts (:mod:`paravt.rl.node_servers`).
+
+**The layout** is one entry per node, in ``NODE_RANK`` order, separated by commas; an entry is the
+node's parts joined by ``+``, in the order they take the node's GPUs (the job's logical indices):
+
+* ``train:N`` — N trainer ranks, one GPU each (on CPU: N gloo processes);
+* ``rollout:S`` or ``rollout:SxT`` — S servers of ``rollout.engine`` (sglang, vllm or hf_server), T GPUs
+  each (tensor parallel, default 1; on CPU T is 1 and the servers share the machine);
+* ``ENTRY*K`` — the same entry for K nodes in a row.
+
+``train:7+rollout:1,rollout:8``: node 0 trains on GPUs 0-6 and serves on GPU 7, node 1 serves on all
+eight (9 servers for 7 trainer ranks). :func:`check_layout` holds every rule, each failure one line
+``rollout.layout='…': …``: one entry per node (``NNODES``); node 0 has trainer ranks (it hosts torchrun's
+rendezvous at ``MASTER_ADDR``); a node's parts fit its GPUs; rollout parts need a server engine; a layout
+without them needs ``rollout.urls``. A node with no ``train`` part only serves (its launcher starts no
+torchrun and ends with the run); one with no ``rollout`` part only trains. With a layout the layout alone
+places the servers: ``rollout.replicas``, the server's ``gpus`` and ``tp_size`` and ``NPROC`` are not read.
+No layout (the default): the servers run on node 0's ``rollout.server.gpus`` / ``rollout.vllm.gpus``,
+launched by trainer rank 0, and every other GPU trains (:mod:`paravt.rl.launch`).
+
+**Discovery.** Every node's launcher starts its own servers (:mod:`paravt.rl.node_servers`), each
+listening on ``LOCAL_ADDR`` (default: every interface); once all answer ``/health`` it writes
+``output_dir/.paravt/servers/<run id>/node<N>.json`` (its URLs as ``http://<LOCAL_ADDR or hostname>:port``)
+on the run folder every node shares. Trainer rank 0 (:func:`discovered_servers`, called by
+:func:`paravt.engines.factory.build_engine`) waits for every node the layout gives servers until its
+file is there and its URLs answer, within ``SERVERS_TIMEOUT`` seconds; a node missing then, or one whose
+servers failed to start, is one line naming it (the run ends, exit 3). What it yields is a plain list of
+URLs in node order: the engine pool (or a router in front of it) takes it as it takes ``rollout.urls``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+SERVER_ENGINES = ("sglang", "vllm", "hf_server")
+HF_SERVER_START_S = 300.0  # paravt.engines.factory.start_hf_server's health bound
+_PART = re.compile(r"(train):(\d+)|(rollout):(\d+)(?:x(\d+))?")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node's entry: its parts ``(kind, count, tp)`` in the order they take its GPUs."""
+
+    parts: tuple[tuple[str, int, int], ...]
+
+    def count(self, kind: str) -> int:
+        return sum(n for k, n, _ in self.parts if k == kind)
+
+    @property
+    def tp(self) -> int:
+        return max([t for k, _, t in self.parts if k == "rollout"] or [1])
+
+    @property
+    def gpus(self) -> int:
+        return sum(n * t for _, n, t in self.parts)
+
+    def __str__(self) -> str:
+        return "+".join(f"{k}:{n}" + (f"x{t}" if t > 1 else "") for k, n, t in self.parts)
+
+
+def check_layout(text: str, *, engine: str | None = None, urls: list[str] | tuple = (), nnodes: int | None = None,
+                 ngpu: int | None = None) -> list[Node]:
+    """The nodes of ``text``; a ``ValueError`` ``rollout.layout='…': why`` for any rule it breaks. The
+    config checks what it knows (``engine``, ``urls``), the launcher the rest (``nnodes``, ``ngpu``: the
+    GPUs of a node, nodes alike; 0 on CPU)."""
+    def bad(why: str):
+        raise ValueError(f"rollout.layout={text!r}: {why}")
+
+    nodes: list[Node] = []
+    for entry in (e.strip() for e in str(text).split(",")):
+        body, star, times = entry.partition("*")
+        if not body.strip():
+            bad("an empty node entry: every node has at least one part (entries are comma-separated, one per node)")
+        if star and not (times.strip().isdigit() and int(times) >= 1):
+            bad(f"'{entry}': a repeated entry is ENTRY*K with K >= 1 nodes")
+        parts, seen = [], set()
+        for p in (p.strip() for p in body.split("+")):
+            m = _PART.fullmatch(p)
+            if not m:
+                bad(f"'{p}' in the entry '{entry}' is not train:N, rollout:S or rollout:SxT "
+                    f"(entries: one per node, comma-separated; parts joined by +)")
+            kind = m.group(1) or m.group(3)
+            n, tp = int(m.group(2) or m.group(4)), int(m.group(5) or 1)
+            if n < 1 or tp < 1:
+                bad(f"'{p}': counts must be >= 1 (leave a part out instead)")
+            if kind in seen:
+                bad(f"the entry '{entry}' names {kind} twice: one part of each kind per node")
+            seen.add(kind)
+            parts.append((kind, n, tp))
+        nodes += [Node(tuple(parts))] * (int(times) if star else 1)
+    if nnodes is not None and len(nodes) != nnodes:
+        bad(f"{len(nodes)} node entr{'y' if len(nodes) == 1 else 'ies'} for NNODES={nnodes}: one per node, in "
+            f"NODE_RANK order (ENTRY*K repeats one)")
+    if not nodes[0].count("train"):
+        bad("node 0 runs no trainer rank: it hosts torchrun's rendezvous at MASTER_ADDR, so give it train:N "
+            "(a node that only serves comes after it)")
+    serving = any(n.count("rollout") for n in nodes)
+    if engine is not None and serving and engine not in SERVER_ENGINES:
+        bad(f"rollout parts start servers of rollout.engine, which must then be {', '.join(SERVER_ENGINES)}, "
+            f"not {engine!r}")
+    if engine in SERVER_ENGINES and not serving and not urls:
+        bad(f"no node has a rollout part and rollout.urls is empty: rollout.engine={engine} has no server")
+    for i, n in enumerate(nodes):
+        if ngpu and n.gpus > ngpu:
+            bad(f"node {i} '{n}' takes {n.gpus} GPUs, a node has {ngpu}")
+        if ngpu == 0 and n.tp > 1:
+            bad(f"node {i} '{n}': tensor parallel (rollout:SxT, T > 1) needs GPUs; on CPU each server is one process")
+    return nodes
+
+
+@dataclass
+class Plan:
+    """This node's share of the run, as ``run_rl.sh`` starts it."""
+
+    node_rank: int
+    nnodes: int
+    train_gpus: list[str]  # physical ids of this node's trainer GPUs ([] on CPU)
+    nproc: int  # trainer ranks on this node (0: it only serves)
+    world: int  # trainer ranks of the run
+    train_nodes: int  # nodes that run torchrun
+    servers: list[list[int]]  # layout: this node's servers, each its logical GPUs ([] on CPU)
+    expect: dict[int, int] | None  # layout: servers per node that has some; None: no layout
+    rollout_gpus: list[int]  # no layout: the GPUs node 0 sets aside for the servers trainer rank 0 launches
+    servers_timeout_s: float  # layout: how long rank 0 waits for every node's servers
+
+    def shell(self) -> str:
+        """The fields ``run_rl.sh`` reads, ``-`` for an empty one (``read`` would shift the others)."""
+        def join(xs) -> str:
+            return ",".join(map(str, xs)) or "-"
+
+        expect = "-" if self.expect is None else join(f"{n}:{c}" for n, c in self.expect.items())
+        return " ".join(map(str, (join(self.train_gpus), self.nproc, self.world, self.train_nodes, len(self.servers),
+                                  "rank0" if self.expect is None else "layout", expect, f"{self.servers_timeout_s:g}",
+                                  join(self.rollout_gpus))))
+
+
+def read_number(env: Mapping[str, str], key: str, default: float) -> float:
+    """``env[key]`` as seconds (``default`` when unset); anything but a positive number is a ``ValueError``."""
+    raw = env.get(key) or ""
+    try:
+        v = float(raw) if raw else default
+    except ValueError:
+        v = -1
+    if v <= 0:
+        raise ValueError(f"{key}={raw} must be a number of seconds > 0")
+    return v
+
+
+def plan(cfg: Any, ngpu: int, env: Mapping[str, str] = os.environ) -> Plan:
+    """This node's share of ``cfg`` (an RLConfig) on a node with ``ngpu`` GPUs (0: CPU), from ``NNODES``,
+    ``NODE_RANK``, ``NPROC`` and ``PARAVT_VISIBLE_DEVICES`` in ``env``; bad input is a ``ValueError``."""
+    from paravt.rl.launch import trainer_gpus, world_size  # noqa: PLC0415
+
+    r = cfg.rollout
+    nnodes = int(env.get("NNODES") or 1)
+    node = int(env.get("NODE_RANK") or 0) if nnodes > 1 else 0
+    nproc_env = int(env["NPROC"]) if env.get("NPROC") else None
+    ids = [x for x in env.get("PARAVT_VISIBLE_DEVICES", "").split(",") if x.strip()] or [str(i) for i in range(ngpu)]
+    start_s = {"sglang": r.server.startup_timeout_s, "vllm": r.vllm.startup_timeout_s}.get(r.engine, HF_SERVER_START_S)
+    timeout_s = read_number(env, "SERVERS_TIMEOUT", read_number(env, "RDZV_TIMEOUT", 300) + start_s)
+    if not r.layout:
+        key = {"sglang": "server", "vllm": "vllm"}.get(r.engine)
+        rollout = list(getattr(r, key).gpus) if key and r.replicas else []
+        gpus = trainer_gpus(ngpu, rollout, ids if ngpu else [], node) if ngpu else []
+        if ngpu and not gpus:
+            raise ValueError(f"rollout.{key}.gpus={rollout} takes all {ngpu} GPUs of node 0, where trainer rank 0 "
+                             f"launches the servers: leave one to train, or set rollout.layout (a node may only serve)")
+        nproc = nproc_env or len(gpus) or 1
+        world = world_size(ngpu, rollout, nnodes, nproc_env) if ngpu else nproc * nnodes
+        return Plan(node, nnodes, gpus, nproc, world, nnodes, [], None, rollout, timeout_s)
+    nodes = check_layout(r.layout, engine=r.engine, urls=r.urls, nnodes=nnodes, ngpu=ngpu)
+    me = nodes[node]
+    if nproc_env is not None and nproc_env != me.count("train"):
+        raise ValueError(f"NPROC={nproc_env}, but rollout.layout={r.layout!r} runs {me.count('train')} trainer rank(s) "
+                         f"on node {node}: unset NPROC (the layout sets every node's trainer ranks)")
+    at, train, servers = 0, [], []  # the parts take the node's GPUs in their order (none on CPU)
+    for kind, n, tp in me.parts:
+        if kind == "train":
+            train = list(range(at, at + n)) if ngpu else []
+        else:
+            servers = [list(range(at + s * tp, at + (s + 1) * tp)) if ngpu else [] for s in range(n)]
+        at += n * tp
+    return Plan(node, nnodes, [ids[i] for i in train], me.count("train"), sum(n.count("train") for n in nodes),
+                sum(1 for n in nodes if n.count("train")), servers,
+                {i: n.count("rollout") for i, n in enumerate(nodes) if n.count("rollout")}, [], timeout_s)
+
+
+# ---------------------------------------------------------------------------------------- discovery
+def publish(path: Path, record: dict) -> None:
+    """``record`` as ``path`` (node<N>.json), whole or not at all: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, path)
+
+
+def _record(folder: Path, node: int) -> dict | None:
+    """Node ``node``'s published servers, or None (the folder is listed first: NFS caches lookups)."""
+    name = f"node{node}.json"
+    try:
+        return json.loads((folder / name).read_text()) if name in os.listdir(folder) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _answers(url: str) -> bool:
+    import requests  # noqa: PLC0415
+
+    try:
+        return requests.get(url.rstrip("/") + "/health", timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def discover(folder: Path, expect: dict[int, int], timeout_s: float, poll_s: float = 1.0) -> list[str]:
+    """The URLs of every server ``expect`` names (node → count), in node order, once each node's file is
+    there and its URLs answer; an ``EngineError`` (one line naming the node) when one failed to start or
+    is missing after ``timeout_s``."""
+    from paravt.engines.base import EngineError  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout_s
+    found: dict[int, list[str]] = {}
+    while True:
+        waiting = []
+        for n, count in sorted(expect.items()):
+            if n in found:
+                continue
+            rec = _record(folder, n)
+            if rec is None:
+                waiting.append(f"node {n} (no {folder / f'node{n}.json'})")
+            elif rec.get("error"):
+                raise EngineError(f"rollout.layout: the rollout servers of node {n} ({rec.get('host')}) did not start: "
+                                  f"{rec['error']}")
+            elif len(rec.get("urls", [])) != count:
+                raise EngineError(f"rollout.layout: node {n} ({rec.get('host')}) published {len(rec.get('urls', []))} "
+                                  f"server(s), the layout gives it {count}: start every node with the same rollout.layout")
+            elif not all(_answers(u) for u in rec["urls"]):
+                waiting.append(f"node {n} ({rec.get('host')}: its servers {', '.join(rec['urls'])} do not answer /health)")
+            else:
+                found[n] = list(rec["urls"])
+        if not waiting:
+            return [u for n in sorted(found) for u in found[n]]
+        if time.monotonic() >= deadline:
+            raise EngineError(f"rollout.layout: no rollout servers from {'; '.join(waiting)} within {timeout_s:g} s "
+                              f"(SERVERS_TIMEOUT): start that node's launcher (the same command, its own NODE_RANK), "
+                              f"read its server log under output_dir, and keep output_dir on a filesystem every node shares")
+        time.sleep(poll_s)
+
+
+def discovered_servers() -> list[str] | None:
+    """Trainer rank 0 of a run with a layout (``run_rl.sh`` sets ``PARAVT_SERVERS_DIR``): every node's
+    servers (:func:`discover`); None without a layout (the engine then launches its own)."""
+    folder = os.environ.get("PARAVT_SERVERS_DIR")
+    if not folder:
+        return None
+    expect = {int(n): int(c) for n, _, c in (x.partition(":") for x in os.environ.get("PARAVT_SERVERS_NODES", "").split(",")) if c}
+    return discover(Path(folder), expect, float(os.environ.get("PARAVT_SERVERS_TIMEOUT") or 600)) if expect else []

@@ -1,0 +1,202 @@
+"""The rollout servers one node runs under a ``rollout.layout`` (:mod:`paravt.rl.layout`), started by that
+node's launcher: ``python -m paravt.rl.node_servers --ngpu N [--nodes-dir DIR] RECIPE [key=value ...]``.
+
+They start together, each listening on ``LOCAL_ADDR`` (every interface when unset; loopback on one
+node), with ``NCCL_CUMEM_ENABLE`` from the launcher (the weight group's setting, as for servers trainer
+rank 0 launches); once all answer ``/health`` their URLs go to ``$PARAVT_SERVERS_DIR/node<N>.json`` for
+trainer rank 0 (:func:`paravt.rl.layout.discover`). A server that fails to start is published as that
+node's error (rank 0 ends the run with its line) and this exits 3.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from paravt.rl.layout import Plan, check_layout, plan, publish, read_number
+
+
+class _HFServer:
+    """``python -m paravt.engines.hf_server`` with the ``start`` / ``stop`` / ``proc`` of the SGLang and vLLM
+    launchers."""
+
+    def __init__(self, model: str, dtype: str, port: int, log_file: Path, host: str):
+        self.model, self.dtype, self.port, self.log_file, self.host = model, dtype, port, log_file, host
+        self.proc = None
+
+    def start(self) -> "_HFServer":
+        from paravt.engines.factory import start_hf_server  # noqa: PLC0415
+
+        self.proc, _ = start_hf_server(self.model, self.dtype, self.port, self.log_file, host=self.host)
+        return self
+
+    def stop(self) -> None:
+        from paravt.engines.factory import EngineHandle  # noqa: PLC0415
+
+        EngineHandle("hf_server", None, processes=[self.proc] if self.proc else []).stop()
+
+
+class _Held(threading.Thread):
+    """One server, started and stopped by this thread, which lives as long as the server does: a server
+    dies with what launched it (PR_SET_PDEATHSIG), and the kernel counts the launching *thread*."""
+
+    def __init__(self, server: Any):
+        super().__init__(daemon=True)
+        self.server, self.error = server, None
+        self.ready, self.done = threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.server.start()
+        except BaseException as exc:  # noqa: BLE001 - reported by the node's launcher, one line
+            self.error = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        self.ready.set()
+        if self.error is None:
+            self.done.wait()
+            self.server.stop()
+
+
+def node_servers(cfg: Any, p: Plan, host: str) -> list[tuple[Any, int]]:
+    """This node's servers (not started) and their ports, listening on ``host``; logs under output_dir,
+    one per server and node."""
+    r, out = cfg.rollout, Path(cfg.output_dir)
+    if r.engine == "hf_server":
+        from paravt.models.parallel import free_port  # noqa: PLC0415
+
+        ports = [free_port() for _ in p.servers]
+        return [(_HFServer(cfg.model_path, r.dtype, port, out / f"rollout_server_node{p.node_rank}_{i}.log", host), port)
+                for i, port in enumerate(ports)]
+    from paravt.engines.factory import replica_configs  # noqa: PLC0415
+    from paravt.engines.sglang import SGLangServer  # noqa: PLC0415
+    from paravt.engines.vllm import VLLMServer  # noqa: PLC0415
+
+    base = r.server if r.engine == "sglang" else replace(r.vllm, rollout=True)
+    log = Path(base.log_file) if base.log_file else out / f"rollout_{r.engine}.log"
+    base = replace(base, host=host, gpus=[g for s in p.servers for g in s], tp_size=len(p.servers[0]) or 1,
+                   log_file=str(log.with_name(f"{log.stem}_node{p.node_rank}{log.suffix}")))
+    cls = SGLangServer if r.engine == "sglang" else VLLMServer
+    return [(cls(c), c.port) for c in replica_configs(base, len(p.servers), cfg.model_path)]
+
+
+def _stop_line(code: int, line: str) -> int:
+    """``line`` for the launcher (its abort file under ``run_supervised``, else stderr); returns ``code``."""
+    from paravt.core.shared_fs import ABORT_FILE_ENV, report_abort  # noqa: PLC0415
+
+    if os.environ.get(ABORT_FILE_ENV):
+        report_abort(code, line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def _until_the_run_ends(held: list[_Held], urls: list[str], trainers: list[int], nodes_dir: Path | None,
+                        since: float, stop: threading.Event, prog: str, me: str) -> int:
+    """The exit code of this node once the run is over (see :func:`serve`); a server that exits before is
+    one line (rank 0's pool evicts it)."""
+    from paravt.core.shared_fs import read_beat, read_exit  # noqa: PLC0415
+
+    join_s, beat, gone = read_number(os.environ, "RDZV_TIMEOUT", 300), set(), set()
+    while not stop.wait(1.0):
+        for i, h in enumerate(held):
+            if i not in gone and h.server.proc.poll() is not None:
+                gone.add(i)
+                print(f"{prog}the rollout server {urls[i]} on {me} exited (code {h.server.proc.returncode}); "
+                      f"trainer rank 0's pool evicts it", file=sys.stderr, flush=True)
+        if nodes_dir is None:
+            continue
+        for n in trainers:
+            rc = read_exit(nodes_dir, n, since)
+            if rc is not None:  # the run is over; the launcher's `gone` names the node when it failed
+                return int(rc) if rc.isdigit() else 1
+            b = read_beat(nodes_dir, n)
+            if b is not None and b[0] >= since - join_s:
+                beat.add(n)
+        if len(beat) < len(trainers) and time.time() - since > join_s:
+            missing = ", ".join(f"node {n}" for n in trainers if n not in beat)
+            return _stop_line(3, f"{prog}{missing} never joined (no heartbeat under {nodes_dir} within {join_s:g} s, "
+                                 f"RDZV_TIMEOUT): the rollout servers of {me} stop; start every node's launcher")
+    return 143
+
+
+def serve(cfg: Any, p: Plan, folder: Path, nodes_dir: Path | None, prog: str = "run_rl.sh") -> int:
+    """Start this node's servers, publish their URLs under ``folder`` once all answer, keep them until the
+    run ends. ``nodes_dir`` (a node that only serves: the run's heartbeat folder): end when a trainer
+    node's launcher records its exit, with its code, or when none beats within ``RDZV_TIMEOUT``; else
+    (beside this node's trainers) the servers live until this process is ended (SIGTERM, or its launcher
+    gone). A server that fails to start: its line published for rank 0, exit 3."""
+    from paravt.core.procs import die_with_parent  # noqa: PLC0415
+    from paravt.core.shared_fs import node_label  # noqa: PLC0415
+
+    die_with_parent(signal.SIGTERM)
+    stop, since = threading.Event(), time.time()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    multi, local = p.nnodes > 1, os.environ.get("LOCAL_ADDR")
+    addr = local or (socket.gethostname() if multi else "127.0.0.1")
+    folder.mkdir(parents=True, exist_ok=True)
+    mine, me = folder / f"node{p.node_rank}.json", node_label(p.node_rank)
+    mine.unlink(missing_ok=True)  # an earlier run's
+    servers = node_servers(cfg, p, local or ("0.0.0.0" if multi else "127.0.0.1"))
+    held = [_Held(s) for s, _ in servers]
+    urls = [f"http://{addr}:{port}" for _, port in servers]
+    record = {"node": p.node_rank, "host": socket.gethostname(), "model": cfg.model_path}
+    failed: list[str] = []
+    for h in held:
+        h.start()
+    try:
+        while not stop.is_set() and not any(h.error for h in held) and not all(h.ready.is_set() for h in held):
+            time.sleep(0.2)
+        failed = [f"server {i + 1} of {len(held)}: {h.error}" for i, h in enumerate(held) if h.error]
+        if failed:
+            publish(mine, {**record, "error": failed[0]})
+            return _stop_line(3, f"{prog}: the rollout servers of {me} did not start: {failed[0]}")
+        if stop.is_set():
+            return 143
+        publish(mine, {**record, "urls": urls, "pids": [h.server.proc.pid for h in held]})
+        print(f"{prog}: {me} serves {', '.join(urls)} (rollout.layout)", file=sys.stderr, flush=True)
+        trainers = [n for n, c in enumerate(check_layout(cfg.rollout.layout)) if c.count("train")]
+        return _until_the_run_ends(held, urls, trainers, nodes_dir, since, stop, f"{prog}: ", me)
+    finally:
+        for h in held:
+            h.done.set()
+            if not h.ready.is_set():  # still starting: end its process, so its health wait ends too
+                try:
+                    h.server.stop()
+                except Exception:  # noqa: BLE001 - best effort; the process dies with this one anyway
+                    pass
+        deadline = time.monotonic() + 90
+        for h in held:
+            h.join(timeout=max(0.0, deadline - time.monotonic()))
+        if not failed:  # withdrawn; an error stays for rank 0 (this node's next start replaces it)
+            mine.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """This node's servers (:func:`serve`) under ``$PARAVT_SERVERS_DIR``, as ``scripts/run_rl.sh`` starts them."""
+    from paravt.core.config import parse_cli  # noqa: PLC0415
+    from paravt.rl.config import RLConfig  # noqa: PLC0415
+
+    a = list(sys.argv[1:] if argv is None else argv)
+    prog = os.environ.get("PARAVT_PROG", "run_rl.sh")
+    if "--ngpu" not in a or not os.environ.get("PARAVT_SERVERS_DIR"):
+        print("usage: PARAVT_SERVERS_DIR=DIR python -m paravt.rl.node_servers --ngpu N [--nodes-dir DIR] RECIPE "
+              "[key=value ...]", file=sys.stderr)
+        return 2
+    opts: dict[str, str] = {}
+    while a and a[0] in ("--ngpu", "--nodes-dir"):
+        opts[a[0]], a = a[1], a[2:]
+    cfg = parse_cli(RLConfig, a, prog)
+    p = plan(cfg, int(opts["--ngpu"]))
+    nodes = Path(opts["--nodes-dir"]) if opts.get("--nodes-dir") else None
+    return serve(cfg, p, Path(os.environ["PARAVT_SERVERS_DIR"]), nodes, prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
