@@ -70,7 +70,8 @@ if [[ "$MODE" == layout ]]; then
   # every node's under output_dir (paravt.rl.layout.discovered_servers) and launches none itself.
   if [[ "$EXPECT" == - ]]; then EXPECT=""; fi  # no node serves (servers by rollout.urls only)
   export PARAVT_SERVERS_DIR="$OUTPUT_DIR/.paravt/servers/${PARAVT_RUN_ID:-local}" PARAVT_SERVERS_NODES="$EXPECT" \
-         PARAVT_SERVERS_TIMEOUT="$SERVERS_TIMEOUT"
+         PARAVT_SERVERS_TIMEOUT="$SERVERS_TIMEOUT" \
+         PARAVT_SERVERS_SINCE="$(( $(date +%s) - ${RDZV_TIMEOUT:-300} ))"  # older records: an earlier run's (nodes start within RDZV_TIMEOUT)
   serve=(python -m paravt.rl.node_servers --ngpu "$NGPU")
   if (( NPROC == 0 )); then  # only serves: beats like the other nodes and ends when a training node does
     run_supervised "${serve[@]}" --nodes-dir "$PARAVT_NODES_DIR" "$RECIPE" "$@"

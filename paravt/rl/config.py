@@ -372,7 +372,8 @@ class RLConfig:
         r = self.rollout
         if r.sync_backend != "auto":
             return r.sync_backend
-        servers_on_gpu = bool(r.vllm.gpus) if r.engine == "vllm" else True
+        # under a layout the servers take the GPUs of their nodes (vllm.gpus is not read): on GPU nodes they have CUDA
+        servers_on_gpu = bool(r.vllm.gpus or r.layout) if r.engine == "vllm" else True
         return "nccl" if trainer_on_cuda and servers_on_gpu else "gloo"
 
     def check_world_size(self, trainer_world_size: int) -> None:

@@ -45,8 +45,9 @@ class RolloutEngineMixin:
         # a layout: every node's launcher started its own servers; rank 0 launches none and finds them all
         found = discovered_servers() if r.layout else None
         replicas = 0 if found is not None else r.replicas
-        server = {"sglang": r.server, "vllm": r.vllm}.get(r.engine) if replicas else None
-        if server is not None and not server.log_file:
+        # the launch settings also name the served model and its reload method, for servers launched elsewhere too
+        server = {"sglang": r.server, "vllm": r.vllm}.get(r.engine)
+        if server is not None and replicas and not server.log_file:
             server = dataclasses.replace(server, log_file=str(self.out / f"rollout_{r.engine}.log"))
         router = None
         if r.router and r.engine == "vllm":

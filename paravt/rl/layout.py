@@ -195,9 +195,10 @@ def plan(cfg: Any, ngpu: int, env: Mapping[str, str] = os.environ) -> Plan:
 
 # ---------------------------------------------------------------------------------------- discovery
 def publish(path: Path, record: dict) -> None:
-    """``record`` as ``path`` (node<N>.json), whole or not at all: readers never see half a file."""
+    """``record`` as ``path`` (node<N>.json), whole or not at all: readers never see half a file; stamped with
+    the time it was written (``written``), so a later run's discovery can tell an earlier run's record."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(record) + "\n")
+    tmp.write_text(json.dumps({**record, "written": time.time()}) + "\n")
     os.replace(tmp, path)
 
 
@@ -219,10 +220,12 @@ def _answers(url: str) -> bool:
         return False
 
 
-def discover(folder: Path, expect: dict[int, int], timeout_s: float, poll_s: float = 1.0) -> list[str]:
+def discover(folder: Path, expect: dict[int, int], timeout_s: float, poll_s: float = 1.0,
+             since: float = 0.0) -> list[str]:
     """The URLs of every server ``expect`` names (node → count), in node order, once each node's file is
     there and its URLs answer; an ``EngineError`` (one line naming the node) when one failed to start or
-    is missing after ``timeout_s``."""
+    is missing after ``timeout_s``. A record written before ``since`` is an earlier run's (a rerun into the
+    same output_dir, whose serving node has not started yet): waited on, never read as this run's."""
     from paravt.engines.base import EngineError  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout_s
@@ -233,8 +236,8 @@ def discover(folder: Path, expect: dict[int, int], timeout_s: float, poll_s: flo
             if n in found:
                 continue
             rec = _record(folder, n)
-            if rec is None:
-                waiting.append(f"node {n} (no {folder / f'node{n}.json'})")
+            if rec is None or rec.get("written", 0.0) < since:
+                waiting.append(f"node {n} (no {folder / f'node{n}.json'} of this run)")
             elif rec.get("error"):
                 raise EngineError(f"rollout.layout: the rollout servers of node {n} ({rec.get('host')}) did not start: "
                                   f"{rec['error']}")
@@ -261,4 +264,5 @@ def discovered_servers() -> list[str] | None:
     if not folder:
         return None
     expect = {int(n): int(c) for n, _, c in (x.partition(":") for x in os.environ.get("PARAVT_SERVERS_NODES", "").split(",")) if c}
-    return discover(Path(folder), expect, float(os.environ.get("PARAVT_SERVERS_TIMEOUT") or 600)) if expect else []
+    return discover(Path(folder), expect, float(os.environ.get("PARAVT_SERVERS_TIMEOUT") or 600),
+                    since=float(os.environ.get("PARAVT_SERVERS_SINCE") or 0)) if expect else []

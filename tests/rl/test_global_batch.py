@@ -72,6 +72,7 @@ def _run(world_size: int, tiny_dir, world, out: Path) -> dict:
     return torch.load(out, weights_only=False)
 
 
+@pytest.mark.launcher  # three torchrun runs (1, 2, 3 gloo ranks): CI's launcher group
 def test_the_same_step_on_one_two_and_three_gloo_ranks(world, tiny_dir, tmp_path):
     """Minibatches come from the global list, each split over the ranks by tokens, and the loss is divided
     by the step's policy tokens, so the weights after a step are those of one rank whatever the world size:

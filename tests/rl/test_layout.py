@@ -144,7 +144,7 @@ def test_a_missing_node_or_a_dead_url_is_one_line_within_the_bound(tmp_path, liv
         discover(tmp_path, {0: 1, 1: 1, 2: 1}, 1.0, poll_s=0.1)
     msg = str(e.value)
     assert time.monotonic() - t0 < 10 and "\n" not in msg
-    assert f"no rollout servers from node 1 (no {tmp_path / 'node1.json'}); node 2 (c: its servers" in msg, msg
+    assert f"no rollout servers from node 1 (no {tmp_path / 'node1.json'} of this run); node 2 (c: its servers" in msg, msg
     assert "node 0" not in msg and "within 1 s (SERVERS_TIMEOUT)" in msg
 
 
@@ -157,6 +157,16 @@ def test_a_node_whose_servers_failed_ends_the_wait_at_once_with_its_line(tmp_pat
     publish(tmp_path / "node1.json", {"node": 1, "host": "b", "urls": ["http://x:1"]})
     with pytest.raises(EngineError, match="published 1 server.*the layout gives it 8: start every node with the same"):
         discover(tmp_path, {1: 8}, 60)
+
+
+def test_an_earlier_runs_record_is_waited_on_not_read(tmp_path):
+    """A rerun into the same output_dir: the serving node's failed record of the last run is still there until
+    its launcher starts again; rank 0 waits for this run's record instead of ending on the old error."""
+    publish(tmp_path / "node1.json", {"node": 1, "host": "b", "error": "an earlier run's failure"})
+    with pytest.raises(EngineError, match=r"no rollout servers from node 1 \(no .*node1.json of this run\)"):
+        discover(tmp_path, {1: 1}, 0.5, poll_s=0.1, since=time.time() + 1)
+    with pytest.raises(EngineError, match="an earlier run's failure"):  # without a start time it is this run's
+        discover(tmp_path, {1: 1}, 0.5, poll_s=0.1)
 
 
 def test_discovery_is_off_without_a_layout_and_empty_when_no_node_serves(tmp_path, monkeypatch):

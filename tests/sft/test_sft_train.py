@@ -121,6 +121,7 @@ def test_two_process_gloo_fsdp2(world, tiny_dir, tmp_path):
     assert sum(p.numel() for p in m.parameters()) > 1_000_000
 
 
+@pytest.mark.launcher  # torchrun on one rank and on two: CI's launcher group
 def test_the_step_is_the_same_on_one_rank_or_two(world, tiny_dir, tmp_path):
     """global_batch_size=3 padded rows, one a pass: one rank trains them in three passes, two gloo ranks in
     two each (one rank's spare pass has no weight, and it moves to the other rank next step). Either way a
