@@ -90,12 +90,15 @@ class EngineHandle:
             finally:
                 await asyncio.gather(*(c.close() for c in controls), return_exceptions=True)
 
+        if isinstance(source, WeightBuckets):
+            # a broadcast cannot be sent again: a server that died since its last request is evicted first
+            asyncio.run(self._evict_dead("it did not answer the health check before the weight broadcast"))
         try:
             asyncio.run(push(self.live_urls()))
         except EngineError as exc:
             # a disk push can be sent again: to the servers still alive once the dead ones are evicted (a
             # broadcast cannot: its buckets were gathered once, by every trainer rank together)
-            if isinstance(source, WeightBuckets) or not asyncio.run(self._evict_dead(str(exc))):
+            if isinstance(source, WeightBuckets) or not asyncio.run(self._evict_dead(f"the weight push failed: {exc}")):
                 raise
             asyncio.run(push(self.live_urls()))
         if self.engine is not None:
@@ -116,7 +119,7 @@ class EngineHandle:
             await asyncio.gather(*(c.close() for c in controls), return_exceptions=True)
         dead = [pool.names.index(c.url) for c, good in zip(controls, ok) if good is not True]
         for i in dead:
-            pool.evict(i, f"the weight push failed: {why}")
+            pool.evict(i, why)
         return bool(dead) and bool(pool.live)
 
     def live_urls(self) -> list[str]:

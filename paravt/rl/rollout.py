@@ -218,7 +218,7 @@ class RolloutWorker:
         versions = [turn.weight_version for t in trajs for turn in t.turns]
         if versions:  # the policy versions that generated this batch, as the engine(s) reported them
             metrics.update({"rollout/version_min": min(versions), "rollout/version_max": max(versions)})
-        if hasattr(self.engine, "take_served"):  # several servers: requests each answered in this step
+        if hasattr(self.engine, "take_served"):  # several servers: requests sent to each in this step (failed ones too)
             for i, n in enumerate(self.engine.take_served()):
                 metrics[f"rollout/requests_server{i}"] = n
         return RolloutBatch(step, samples, metrics, self._trajectory_records(step, trajs, rewards, prompts, groups),
