@@ -29,7 +29,8 @@ from paravt.core.toolcall import format_tool_call
 from paravt.core.video import sample_overview
 from paravt.data.materialize import materialize
 from paravt.data.schema import load_rl_rows
-from paravt.data.synthetic import WorldConfig, build_world
+from paravt.data.synthetic.world import WorldConfig
+from paravt.data.synthetic.writer import build_world
 from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 from paravt.engines.base import GenerationOutput, InferenceEngine, SamplingParams
 from paravt.engines.hf import HFEngine

@@ -17,7 +17,8 @@ from pathlib import Path
 from _util import write_result  # benchmarks/_util.py: the script's folder is on sys.path
 from paravt.core.config import load_config
 from paravt.data.materialize import materialize
-from paravt.data.synthetic import WorldConfig, build_world
+from paravt.data.synthetic.world import WorldConfig
+from paravt.data.synthetic.writer import build_world
 from paravt.models import parallel
 from paravt.models.tiny import build_tiny
 from paravt.sft.config import SFTConfig

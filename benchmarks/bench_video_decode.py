@@ -14,7 +14,8 @@ from pathlib import Path
 
 from _util import write_result  # benchmarks/_util.py: the script's folder is on sys.path
 from paravt.core import video as V
-from paravt.data.synthetic import WorldConfig, make_spec, write_video
+from paravt.data.synthetic.render import write_video
+from paravt.data.synthetic.world import WorldConfig, make_spec
 
 
 def timeit(fn, repeats=5):

@@ -44,7 +44,7 @@ def part_tiny(model: str, repeats: int, python: str) -> dict:
 
     from paravt.engines.factory import EngineHandle
     from paravt.engines.vllm import VLLMEngine, VLLMServer, VLLMServerConfig
-    from paravt.engines.weight_push import BroadcastPush
+    from paravt.engines.weight_update import WeightUpdate
     from paravt.models import parallel
     from paravt.models.loading import load_model, load_processor
     from paravt.models.tokenize import image_pad_id
@@ -60,7 +60,7 @@ def part_tiny(model: str, repeats: int, python: str) -> dict:
         srv = VLLMServer(cfg).start()
         try:
             h = EngineHandle("vllm", None, cfg.url, [srv], image_pad_id(proc.tokenizer), model_name="paravt-tiny")
-            h.broadcaster = BroadcastPush("gloo", None, 120)
+            updates = {"disk": WeightUpdate.from_disk(120), "broadcast": WeightUpdate.broadcast("gloo", timeout_s=120, join_timeout_s=120)}
 
             def held() -> int:
                 async def go():
@@ -73,6 +73,7 @@ def part_tiny(model: str, repeats: int, python: str) -> dict:
 
             v = 0
             for mode in ("disk", "broadcast"):
+                h.weight_update = updates[mode]
                 times = []
                 for _ in range(repeats + 1):  # the first is a warm-up (the group is created by broadcast's)
                     v += 1

@@ -56,7 +56,8 @@ def _reset_peak(dev) -> None:
 def _assets(tmp: Path, small: bool):
     """The tiny processor (offline tokenizer + image processor at the recipe's 50176 pixels per frame)
     and a synthetic video to take 64 overview frames from."""
-    from paravt.data.synthetic import WorldConfig, build_world
+    from paravt.data.synthetic.world import WorldConfig
+    from paravt.data.synthetic.writer import build_world
     from paravt.models.loading import load_processor
     from paravt.models.tiny import build_tiny
 

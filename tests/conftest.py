@@ -15,7 +15,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def world(tmp_path_factory) -> Path:
     """A materialized synthetic world: media/, parquet/ (sentinel paths), local/ (file:// paths)."""
     from paravt.data.materialize import materialize
-    from paravt.data.synthetic import WorldConfig, build_world
+    from paravt.data.synthetic.world import WorldConfig
+    from paravt.data.synthetic.writer import build_world
 
     out = tmp_path_factory.mktemp("world")
     build_world(out, WorldConfig(seed=0, n_train_videos=8, n_eval_videos=4), progress=False)

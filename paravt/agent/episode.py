@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from paravt.agent.conversation import open_conversation
 from paravt.models.tokenize import encode_prompt
@@ -33,6 +33,7 @@ from paravt.agent.tools import (CropConfig, Tool, ToolContext, ToolResult, build
                                unknown_tool_result)
 from paravt.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
 from paravt.core import prompts
+from paravt.core.config import check_choices, choice
 from paravt.core.seeding import stable_hash
 from paravt.core.video import probe, run_decode, sample_overview
 from paravt.core.video_reader import Frame
@@ -42,12 +43,15 @@ from paravt.models.images import ImageInputs
 log = logging.getLogger(__name__)
 
 
+PromptSource = Literal["mode", "row"]
+
+
 @dataclass
 class EpisodeConfig:
     prompt_mode: str = "agentic_general"
     # mode: system prompt of prompt_mode + "Video/Duration" header + frames + question (ours, eval);
     # row: the dataset row's own messages with the frames at its <video> mark (the release's RL prompt)
-    prompt_source: str = "mode"
+    prompt_source: str = choice(PromptSource)
     prompt_dir: str | None = None
     # tool key -> the tool's own options (paravt.agent.tools; a list of keys is accepted too); {}: no tools
     tools: dict[str, Any] = field(default_factory=lambda: {"crop_video": {}})
@@ -76,8 +80,7 @@ class EpisodeConfig:
             self.crop = CropConfig(**self.crop)
         if self.max_turns < 0 or (self.max_parallel is not None and self.max_parallel < 1):
             raise ValueError("max_turns must be >= 0 and max_parallel >= 1 (or None: no cap)")
-        if self.prompt_source not in ("mode", "row"):
-            raise ValueError(f"prompt_source must be mode or row, got {self.prompt_source!r}")
+        check_choices(self)
         if self.prompt_mode not in prompts.available_modes(self.prompt_dir):
             raise ValueError(f"prompt_mode {self.prompt_mode!r} not in {prompts.available_modes(self.prompt_dir)}")
 

@@ -20,10 +20,11 @@ import abc
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 from paravt.agent.trajectory import SubAgentTrajectory
 from paravt.core import prompts
+from paravt.core.config import check_choices, choice
 from paravt.core.toolcall import CallSyntax, ToolCall, ToolCallParser, is_number
 from paravt.core.video import run_decode, sample_crop
 from paravt.core.video_reader import VideoError
@@ -172,9 +173,13 @@ class Tool(abc.ABC):
         return ToolResult(False, text, text, error=message, seconds=time.perf_counter() - t0, fault=fault)
 
 
+CropMode = Literal["subagent", "frames"]
+Decoder = Literal["pyav", "decord"]  # the video decoder (paravt.core.video); also the SFT data's (video.decoder)
+
+
 @dataclass
 class CropConfig:
-    mode: str = "subagent"  # subagent: a weight-sharing sub-agent summarises; frames: frames go back (eval)
+    mode: str = choice(CropMode)  # subagent: a weight-sharing sub-agent summarises; frames: frames go back (eval)
     fps: float = 1.0  # crop frames per second
     min_frames: int = 1  # floor on frames per crop
     max_frames: int = 16  # cap on frames per crop
@@ -186,13 +191,10 @@ class CropConfig:
     subagent_timeout_s: float = 300.0  # a sub-agent slower than this returns an error tool response
     # video decoder of the overview and the crops: pyav (paravt.core.video.VideoReader: keyframe seeks,
     # frame-exact, 2-3.5x faster than decord on 720p H.264, benchmarks/README.md) | decord (the design's / release's)
-    decoder: str = "pyav"
+    decoder: str = choice(Decoder)
 
     def __post_init__(self):
-        if self.mode not in ("subagent", "frames"):
-            raise ValueError(f"crop mode must be 'subagent' or 'frames', got {self.mode!r}")
-        if self.decoder not in ("pyav", "decord"):
-            raise ValueError(f"crop.decoder must be 'pyav' or 'decord', got {self.decoder!r}")
+        check_choices(self, "crop")
         if self.decoder == "decord":
             from paravt.core.video import DECORD_MISSING, decord_available  # noqa: PLC0415
             if not decord_available():

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from paravt.core.config import check_choice
 from paravt.models.images import ImageInputs
+
+Role = Literal["policy", "context"]
 
 
 @dataclass
@@ -14,7 +17,7 @@ class Segment:
     ``context`` (prompt, template, tool responses, forced prefixes: mask 0)."""
 
     token_ids: list[int]
-    role: str  # "policy" | "context"
+    role: Role  # "policy" | "context"
     logprobs: list[float] | None = None
 
 
@@ -26,9 +29,8 @@ class SequenceRecord:
     images: ImageInputs | None = None
     think_ids: tuple[int, int] | None = None  # ids of <think> and </think> (for think_mask)
 
-    def add(self, token_ids: list[int], role: str, logprobs: list[float] | None = None) -> None:
-        if role not in ("policy", "context"):
-            raise ValueError(role)
+    def add(self, token_ids: list[int], role: Role, logprobs: list[float] | None = None) -> None:
+        check_choice("role", role, Role)
         if token_ids:
             self.segments.append(Segment(list(token_ids), role, list(logprobs) if logprobs is not None else None))
 

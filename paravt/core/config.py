@@ -65,8 +65,36 @@ def load_config(schema: type[T], recipe: str | Path | None = None, overrides: li
     return OmegaConf.to_object(cfg)
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+def choice(*options: Any, default: str | None = None) -> Any:
+    """A string setting that takes one of ``options``: a ``Literal[...]`` alias (the type callers annotate
+    with) or the strings themselves. The default is ``default`` or the first option. The options live on
+    the field (``--help`` lists them) and :func:`check_choices` checks them::
+
+        Engine = Literal["hf", "vllm"]
+        engine: str = choice(Engine)  # the field stays ``str`` for OmegaConf, which has no Literal
+    """
+    from typing import get_args  # noqa: PLC0415
+
+    opts = tuple(a for o in options for a in (get_args(o) or (o,)))
+    if default is not None and default not in opts:
+        raise ValueError(f"choice default {default!r} is not one of {opts}")
+    return dataclasses.field(default=default if default is not None else opts[0], metadata={"choices": opts})
+
+
+def check_choice(name: str, value: Any, options: Any) -> None:
+    """The one check of a choice, with the one message form: ``<name> must be one of a | b, got 'x'``."""
+    from typing import get_args  # noqa: PLC0415
+
+    opts = tuple(get_args(options) or options)
+    if value not in opts:
+        raise ValueError(f"{name} must be one of {' | '.join(map(str, opts))}, got {value!r}")
+
+
+def check_choices(cfg: Any, prefix: str = "") -> None:
+    """Every :func:`choice` field of the dataclass ``cfg`` holds one of its options (named ``prefix.field``)."""
+    for f in dataclasses.fields(cfg):
+        if "choices" in f.metadata:
+            check_choice(f"{prefix}.{f.name}" if prefix else f.name, getattr(cfg, f.name), f.metadata["choices"])
 
 
 def _field_comments(cls: type) -> dict[str, str]:
@@ -146,7 +174,11 @@ def config_help(schema: type, prog: str, recipe: str | Path | None = None) -> st
             shown = OmegaConf.to_container(val) if OmegaConf.is_config(val) else val
             if OmegaConf.is_missing(node, f.name):
                 shown = "???"
-            lines.append(f"  {prefix}{f.name} = {shown!r}" + (f"    # {helps[f.name]}" if f.name in helps else ""))
+            text = helps.get(f.name, "")
+            opts = [str(o) for o in f.metadata.get("choices", ())]
+            if opts and not all(o in text for o in opts):  # the options, unless the comment already lists them
+                text = " | ".join(opts) + (f": {text}" if text else "")
+            lines.append(f"  {prefix}{f.name} = {shown!r}" + (f"    # {text}" if text else ""))
     walk(schema, values)
     epilogue = getattr(schema, "help_epilogue", None)  # e.g. eval: the table of valid splits
     if callable(epilogue):

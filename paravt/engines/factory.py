@@ -1,25 +1,14 @@
-"""``build_engine``: the one place that turns a config into a running engine (RL, eval and
-``scripts/inference.py`` all call it). It owns server launch, health waits and shutdown; weights
-reach an engine only through its public ``update_weights`` (:meth:`EngineHandle.push_weights`).
+"""``build_engine``: the one place that turns an engine's name and an :class:`EngineSpec` into a
+running engine (RL, eval and ``scripts/inference.py`` all call it). The name picks an
+:class:`~paravt.engines.registry.EngineBackend` (built in: :mod:`paravt.engines.backends`), whose
+``build`` launches and health-checks its servers; weights reach an engine only through
+:meth:`EngineHandle.push_weights`, in the transport its :class:`~paravt.engines.weight_update.WeightUpdate`
+names and the backend accepts.
 
-=============  ==========================================================================
-kind           engine
-=============  ==========================================================================
-``hf``         :class:`~paravt.engines.hf.HFEngine` in this process (the embedded default)
-``hf_server``  ``python -m paravt.engines.hf_server`` on a free localhost port (CPU/GPU), SGLang API
-``sglang``     ``sglang.launch_server`` on the GPUs of ``server`` (:class:`SGLangServerConfig`),
-               and/or SGLang servers already running at ``urls``
-``vllm``       vLLM rollout servers (tokens endpoint, :class:`~paravt.engines.vllm.VLLMEngine`)
-               launched from ``server`` (:class:`~paravt.engines.vllm.VLLMServerConfig`) and/or at ``urls``
-``remote``     an SGLang-API server already running at ``url``
-``openai``     an OpenAI-compatible chat server at ``url``, or launched from ``server`` (eval):
-               SGLang (:class:`SGLangServerConfig`) or vLLM (:class:`~paravt.engines.vllm.VLLMServerConfig`)
-=============  ==========================================================================
-
-Token kinds with more than one server (``replicas`` launched, plus ``urls``) are one
+Token backends with more than one server (``replicas`` launched, plus ``urls``) are one
 :class:`~paravt.engines.pool.EnginePool`: an episode's requests on one server, a dead server evicted,
-weights to every live one; vLLM servers can sit behind ``vllm-router`` instead
-(:class:`~paravt.engines.router.RoutedPool`, ``router=``), the same two properties.
+weights to every live one; a routed backend's servers can sit behind a router instead
+(:class:`~paravt.engines.router.RoutedPool`, ``router=``), with the same two properties.
 Every server this process launches dies with it (``PR_SET_PDEATHSIG``), kill -9 included.
 """
 
@@ -28,22 +17,41 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from paravt.engines.base import EngineError
-from paravt.engines.http import wait_healthy
+from paravt.engines.registry import EngineBackend, get_backend
+from paravt.engines.weight_update import WeightUpdate
 
-KINDS = ("hf", "hf_server", "sglang", "vllm", "remote", "openai")
+
+@dataclass
+class EngineSpec:
+    """What to build: the model and every setting a backend may read (each reads its own)."""
+
+    model: str
+    processor: Any = None  # supplies the tokenizer ids token engines need (image pad, banned vision tokens)
+    dtype: str = "float32"  # in-process / hf_server dtype
+    seed: int = 0
+    batch_wait_s: float = 0.03  # in-process engine: requests arriving this close are batched
+    url: str | None = None  # one server already running
+    urls: list[str] = field(default_factory=list)  # token servers already running, used beside the launched ones
+    server: Any = None  # launch settings (the backend's server_config); model_path is set to ``model``
+    replicas: int = 1  # copies of ``server`` launched (0: none, the servers of ``urls`` only)
+    model_name: str | None = None  # the name requests must send (chat servers)
+    max_retries: int = 3
+    log_file: str | Path | None = None  # hf_server's log
+    weight_version: int = 0  # the policy version the served weights are (a resumed run's step)
+    router: Any = None  # RouterConfig: a routed backend's servers behind a router (two or more servers)
+    weight_update: WeightUpdate | None = None  # how pushes travel (None: the backend's disk or in-memory default)
 
 
 @dataclass
 class EngineHandle:
     """A built engine plus whatever processes serve it."""
 
-    kind: str
+    kind: str  # the backend's name (or module:attribute of an engine outside the package)
     engine: Any  # InferenceEngine (token engines, an EnginePool for several servers) or ChatEngine (openai)
     url: str | None = None
     processes: list[Any] = field(default_factory=list)  # subprocess.Popen | SGLangServer | VLLMServer
@@ -51,7 +59,8 @@ class EngineHandle:
     urls: list[str] = field(default_factory=list)  # every server behind the engine (weights go to each)
     model_name: str | None = None  # the name vLLM requests must send
     reload_method: str = "paravt"  # how vLLM rollout servers load a checkpoint directory (VLLMServerConfig.reload_method)
-    broadcaster: Any = None  # BroadcastPush: the weight group of a run with rollout.weight_sync=broadcast
+    weight_update: WeightUpdate | None = None  # how pushes travel (None: the backend's disk or in-memory default)
+    broadcaster: Any = None  # the weight group of a broadcast update (made from weight_update when first needed)
     control_timeout_s: float = 30.0  # pause / version / cache / resume requests of a push
     load_timeout_s: float = 600.0  # one server's weight load (disk) or a push's whole transfer (broadcast)
     verify_first_push: bool = False  # SGLang: account for every parameter on each server's first push
@@ -60,37 +69,52 @@ class EngineHandle:
     def __post_init__(self):
         if not self.urls and self.url:
             self.urls = [self.url]
+        self.check_update()
 
-    def push_weights(self, source: Any, version: int) -> None:
-        """Load new weights and tag them ``version``, on every server at once: a state dict for ``hf``;
-        for servers a checkpoint directory (``disk``) or
-        :class:`~paravt.core.weight_sync.WeightBuckets` streamed over the weight group
-        (``broadcast``, :class:`~paravt.engines.weight_push.BroadcastPush`). Synchronous and safe to
-        call from a thread other than the one driving rollouts: each server gets a short-lived
-        control client with its own HTTP session."""
-        if self.kind == "hf":
-            asyncio.run(self.engine.update_weights(source, version))
+    def check_update(self) -> None:
+        """The weight update is one the backend accepts (None: its disk or in-memory default)."""
+        b = self.backend
+        if self.weight_update is None and b.transports:
+            self.weight_update = WeightUpdate.from_disk() if "disk" in b.transports else WeightUpdate(b.transports[0])
+        if self.weight_update is not None and self.weight_update.transport not in b.transports:
+            raise ValueError(f"engine {self.kind!r} takes weights by {' | '.join(b.transports) or 'none'}, not by "
+                             f"{self.weight_update.transport}")
+
+    @property
+    def backend(self) -> EngineBackend:
+        return get_backend(self.kind)
+
+    def push_weights(self, weights: Any, version: int) -> None:
+        """Load new weights and tag them ``version``, on every server at once, as :attr:`weight_update` says:
+        a state dict (``state_dict``), a checkpoint directory (``disk``) or
+        :class:`~paravt.core.weight_sync.WeightBuckets` (``broadcast``, streamed over the weight group by
+        :class:`~paravt.engines.weight_push.BroadcastPush`). Synchronous and safe to call from a thread
+        other than the one driving rollouts: each server gets a short-lived control client with its own
+        HTTP session."""
+        update = self.weight_update
+        if update is None:
+            raise EngineError(f"engine {self.kind!r} takes no weights")
+        update.check_payload(weights)
+        if update.transport == "state_dict":
+            asyncio.run(self.engine.update_weights(weights, version))
             return
-        from paravt.core.weight_sync import WeightBuckets  # noqa: PLC0415
 
         async def push(urls: list[str]) -> None:
             controls = [self.control_client(u) for u in urls]
             try:
-                if isinstance(source, WeightBuckets):
-                    if self.broadcaster is None:
-                        raise EngineError("broadcast weight sync needs EngineHandle.broadcaster (rollout.weight_sync)")
-                    await self.broadcaster.push(controls, urls, source, version)
+                if update.transport == "broadcast":
+                    await self._group().push(controls, urls, weights, version)
                     self.verified.update(urls)
                 else:
-                    await asyncio.gather(*(c.update_weights(str(source), version) for c in controls))
-                if self.kind == "vllm":  # every server says it holds the version just pushed
+                    await asyncio.gather(*(c.update_weights(str(weights), version) for c in controls))
+                if self.backend.confirms_version:  # every server says it holds the version just pushed
                     held = await asyncio.gather(*(c.server_version() for c in controls))
                     if any(v != version for v in held):
                         raise EngineError(f"after pushing version {version} the servers hold {dict(zip(urls, held))}")
             finally:
                 await asyncio.gather(*(c.close() for c in controls), return_exceptions=True)
 
-        if isinstance(source, WeightBuckets):
+        if update.transport == "broadcast":
             # a broadcast cannot be sent again: a server that died since its last request is evicted first
             asyncio.run(self._evict_dead("it did not answer the health check before the weight broadcast"))
         try:
@@ -98,11 +122,20 @@ class EngineHandle:
         except EngineError as exc:
             # a disk push can be sent again: to the servers still alive once the dead ones are evicted (a
             # broadcast cannot: its buckets were gathered once, by every trainer rank together)
-            if isinstance(source, WeightBuckets) or not asyncio.run(self._evict_dead(f"the weight push failed: {exc}")):
+            if update.transport == "broadcast" or not asyncio.run(self._evict_dead(f"the weight push failed: {exc}")):
                 raise
             asyncio.run(push(self.live_urls()))
         if self.engine is not None:
             self.engine.weight_version = version
+
+    def _group(self):
+        """The weight group of a broadcast update: formed on the first push, re-formed without evicted servers."""
+        if self.broadcaster is None:
+            from paravt.engines.weight_push import BroadcastPush  # noqa: PLC0415
+
+            u = self.weight_update
+            self.broadcaster = BroadcastPush(u.backend, u.master_address, u.timeout_s, join_timeout_s=u.join_timeout_s)
+        return self.broadcaster
 
     async def _evict_dead(self, why: str) -> bool:
         """Probe every live server of the pool; evict those that do not answer. True when any was."""
@@ -134,22 +167,14 @@ class EngineHandle:
         return self.engine.live_urls()
 
     def control_client(self, url: str | None = None):
+        """A short-lived client of the server at ``url`` (default: the first) for a weight push."""
         url = url or self.url
-        if url is None:
-            raise ValueError(f"engine kind {self.kind!r} has no server to control")
-        if self.kind == "vllm":
-            from paravt.engines.vllm import VLLMEngine  # noqa: PLC0415
+        control = self.backend.control
+        if url is None or control is None:
+            raise ValueError(f"engine {self.kind!r} has no server to control")
+        return control(self, url)
 
-            return VLLMEngine(url, server=self._server_at(url), model=self.model_name,
-                              image_token_id=self.image_token_id, max_retries=1, reload_method=self.reload_method,
-                              control_timeout_s=self.control_timeout_s, load_timeout_s=self.load_timeout_s)
-        from paravt.engines.sglang import SGLangEngine  # noqa: PLC0415
-
-        return SGLangEngine(url, server=self._server_at(url), image_token_id=self.image_token_id,
-                            request_timeout_s=self.load_timeout_s, max_retries=1,
-                            verify_push=self.verify_first_push and url not in self.verified)
-
-    def _server_at(self, url: str):
+    def server_at(self, url: str):
         """The launched server process behind ``url`` (None for servers this run did not start)."""
         for p in self.processes:
             cfg = getattr(p, "cfg", None)
@@ -169,17 +194,22 @@ class EngineHandle:
         if self.broadcaster is not None:
             self.broadcaster.close()
             self.broadcaster = None
-        for p in self.processes:
-            if isinstance(p, subprocess.Popen):
-                if p.poll() is None:
-                    p.terminate()
-                    try:
-                        p.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
-            else:
-                p.stop()
+        stop_processes(self.processes)
         self.processes = []
+
+
+def stop_processes(processes: list[Any]) -> None:
+    """Terminate launched servers: ``subprocess.Popen`` (30 s, then killed) or objects with ``stop()``."""
+    for p in processes:
+        if isinstance(p, subprocess.Popen):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        else:
+            p.stop()
 
 
 def replica_configs(server: Any, replicas: int, model: str) -> list[Any]:
@@ -204,126 +234,50 @@ def replica_configs(server: Any, replicas: int, model: str) -> list[Any]:
     return out
 
 
-def start_hf_server(model: str, dtype: str = "float32", port: int | None = None, log_file: str | Path | None = None,
-                    timeout_s: float = 300.0, host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
-    """``python -m paravt.engines.hf_server`` listening on ``host`` (localhost by default); returns
-    (process, a URL this machine reaches it at) once healthy."""
-    from paravt.models.parallel import free_port  # noqa: PLC0415
-
-    port = port or free_port()
-    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
-    from paravt.core.procs import preexec_die_with_parent  # noqa: PLC0415
-
-    proc = subprocess.Popen([sys.executable, "-m", "paravt.engines.hf_server", "--model", str(model),
-                             "--host", host, "--port", str(port), "--dtype", dtype], stdout=out,
-                            stderr=subprocess.STDOUT, preexec_fn=preexec_die_with_parent)
-    if log_file:
-        out.close()  # the child holds its own descriptor
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '127.0.0.1') else host}:{port}"
-
-    def tail() -> str:
-        return Path(log_file).read_text(errors="replace")[-3000:] if log_file and Path(log_file).exists() else ""
-
-    try:
-        wait_healthy(url + "/health", proc, timeout_s, tail)
-    except Exception:
-        proc.terminate()
-        raise
-    return proc, url
-
-
-def build_engine(kind: str, model: str, processor=None, *, dtype: str = "float32", seed: int = 0,
-                 batch_wait_s: float = 0.03, url: str | None = None, server=None, model_name: str | None = None,
-                 max_retries: int = 3, log_file: str | Path | None = None, urls: list[str] | None = None,
-                 replicas: int = 1, weight_version: int = 0, router: Any = None) -> EngineHandle:
-    """Build (and, for server kinds, launch and health-check) the engine ``kind`` for ``model``.
-
-    ``processor`` supplies the tokenizer ids token engines need (image pad, banned vision
-    tokens); ``server`` is an :class:`~paravt.engines.sglang.SGLangServerConfig` (or, for
-    ``openai`` and ``vllm``, a :class:`~paravt.engines.vllm.VLLMServerConfig`) whose ``model_path`` is
-    set to ``model``; ``replicas`` copies of it are launched (token kinds). ``urls`` are token servers
-    already running (``sglang``/``vllm``), used beside the launched ones. ``weight_version`` is the
-    policy version the served weights are (a resumed run's step). ``replicas=0`` launches none (the
-    servers of ``urls`` only, e.g. those each node's launcher started under a ``rollout.layout``).
-    ``router`` (kind ``vllm``, two or more servers): requests through ``vllm-router``
-    (:class:`~paravt.engines.router.RoutedPool`), weight pushes still to each server."""
-    if kind not in KINDS:
-        raise ValueError(f"engine kind must be one of {KINDS}, got {kind!r}")
-    if kind == "hf":
-        from paravt.engines.hf import HFEngine  # noqa: PLC0415
-
-        return EngineHandle(kind, HFEngine.from_pretrained(model, dtype=dtype, batch_wait_s=batch_wait_s, seed=seed))
-    from paravt.engines.sglang import SGLangServer  # noqa: PLC0415
-    from paravt.engines.vllm import VLLMServer, VLLMServerConfig  # noqa: PLC0415
-
+def launch_servers(spec: EngineSpec, server_cls: type, n: int, **settings: Any) -> list[tuple[str, Any]]:
+    """``n`` copies of ``spec.server`` (with ``settings`` replaced), each started and healthy, as (url, server);
+    all of them stopped again if one fails to start."""
     procs: list[Any] = []
-    launched: list[tuple[str, Any]] = []  # (url, server process object)
     try:
-        if kind in ("sglang", "openai", "vllm") and server is not None and (replicas or kind == "openai"):
-            if isinstance(server, VLLMServerConfig) and kind not in ("openai", "vllm"):
-                raise ValueError("a vLLM server serves kind='openai' (chat) or kind='vllm' (tokens)")
-            if kind == "vllm" and not isinstance(server, VLLMServerConfig):
-                raise ValueError("kind='vllm' launches a VLLMServerConfig")
-            n = replicas if kind in ("sglang", "vllm") else 1
-            for cfg in replica_configs(server, n, model):
-                if kind == "vllm":
-                    cfg = dataclasses.replace(cfg, rollout=True)
-                srv = (VLLMServer if isinstance(cfg, VLLMServerConfig) else SGLangServer)(cfg)
-                procs.append(srv)  # stopped by the except below if a later one fails to start
-                srv.start()
-                launched.append((cfg.url, srv))
-            url = url or (launched[0][0] if launched else None)
-        elif kind == "hf_server" and replicas:
-            proc, url = start_hf_server(model, dtype, log_file=log_file)
-            procs.append(proc)
-            launched.append((url, None))
+        for cfg in replica_configs(spec.server, n, spec.model):
+            srv = server_cls(dataclasses.replace(cfg, **settings) if settings else cfg)
+            procs.append(srv)
+            srv.start()
     except BaseException:
-        EngineHandle(kind, None, processes=procs).stop()
+        stop_processes(procs)
         raise
-    if kind == "openai":
-        if not url:
-            raise ValueError("engine kind 'openai' needs url= (or server= to launch one)")
-        from paravt.engines.openai import OpenAIEngine  # noqa: PLC0415
+    return [(p.cfg.url, p) for p in procs]
 
-        return EngineHandle(kind, OpenAIEngine(url, model=model_name, max_retries=max_retries), url, procs)
-    servers = launched + [(u.rstrip("/"), None) for u in (urls or [])]
-    if url and kind == "remote":
-        servers = [(url.rstrip("/"), None)]
-    if not servers:
-        raise ValueError(f"engine kind {kind!r} needs url=/urls= (or server= to launch one)")
-    from paravt.engines.pool import EnginePool  # noqa: PLC0415
-    from paravt.engines.sglang import SGLangEngine  # noqa: PLC0415
-    from paravt.engines.vllm import VLLMEngine  # noqa: PLC0415
+
+def token_ids(spec: EngineSpec) -> tuple[int, list[int]]:
+    """(the image placeholder id, the vision token ids a token engine must never generate) of the model."""
     from paravt.models.tokenize import image_pad_id, vision_token_ids  # noqa: PLC0415
 
+    processor = spec.processor
     if processor is None:
         from paravt.models.loading import load_processor  # noqa: PLC0415
 
-        processor = load_processor(model)
-    pad = image_pad_id(processor.tokenizer)
-    banned = vision_token_ids(processor.tokenizer)
-    name = (server.served_model_name if isinstance(server, VLLMServerConfig) else None) or model_name
-    reload_method = server.reload_method if isinstance(server, VLLMServerConfig) else "paravt"
-    engines = []
-    for u, srv in servers:
-        if kind == "vllm":
-            engines.append(VLLMEngine(u, server=srv, model=name, banned_token_ids=banned, image_token_id=pad,
-                                      max_retries=max_retries, weight_version=weight_version,
-                                      reload_method=reload_method))
-        else:
-            engines.append(SGLangEngine(u, server=srv if isinstance(srv, SGLangServer) else None,
-                                        banned_token_ids=banned, image_token_id=pad, max_retries=max_retries))
-            engines[-1].weight_version = weight_version
-    if kind == "vllm" and router is not None and len(engines) > 1:
-        from paravt.engines.router import RoutedPool  # noqa: PLC0415
+        processor = load_processor(spec.model)
+    return image_pad_id(processor.tokenizer), vision_token_ids(processor.tokenizer)
 
-        try:
-            engine = RoutedPool.start(engines, router)
-        except BaseException:
-            EngineHandle(kind, None, processes=procs).stop()
-            raise
-        procs.insert(0, engine.router)  # stopped first, before the servers it routes to
-    else:
-        engine = engines[0] if len(engines) == 1 else EnginePool(engines)
-    return EngineHandle(kind, engine, servers[0][0], procs, pad, urls=[u for u, _ in servers], model_name=name,
-                        reload_method=reload_method)
+
+def build_engine(kind: str, model: str, processor=None, **settings: Any) -> EngineHandle:
+    """Build (and, for server backends, launch and health-check) the engine ``kind`` for ``model``;
+    ``settings`` are :class:`EngineSpec`'s fields. ``kind`` is a backend's name
+    (:func:`~paravt.engines.registry.backend_names`) or ``module:attribute`` of an EngineBackend."""
+    backend = get_backend(kind)
+    spec = EngineSpec(model, processor, **settings)
+    takes = backend.server_config
+    if spec.server is not None and takes is not None and not isinstance(spec.server, takes):
+        names = " or ".join(t.__name__ for t in (takes if isinstance(takes, tuple) else (takes,)))
+        raise ValueError(f"engine {kind!r} launches a {names}, got {type(spec.server).__name__}")
+    handle = backend.build(spec)
+    handle.kind = kind
+    if spec.weight_update is not None:
+        handle.weight_update = spec.weight_update
+    try:
+        handle.check_update()
+    except ValueError:
+        handle.stop()
+        raise
+    return handle

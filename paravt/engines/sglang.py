@@ -39,9 +39,9 @@ from typing import Any, Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
 from paravt.engines.http import HTTPSessionMixin, LaunchedServerMixin, wait_healthy, weight_group_env
-from paravt.engines.sglang_protocol import (  # noqa: F401 - the request builders are part of this module's API
-    BEGIN_UPDATE_PAYLOAD, PAUSE_PAYLOAD, bucket_payload, checksums, collapse_image_pads, generate_payload,
-    init_group_payload, parse_generate_response, sampling_payload, unwritten, update_from_disk_payload)
+from paravt.engines.sglang_protocol import (BEGIN_UPDATE_PAYLOAD, PAUSE_PAYLOAD, bucket_payload, checksums, generate_payload,
+                                            init_group_payload, parse_generate_response, unwritten,
+                                            update_from_disk_payload)
 from paravt.models.images import ImageInputs
 
 log = logging.getLogger(__name__)

@@ -29,13 +29,18 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
+from paravt.core.config import check_choices, choice
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
 from paravt.engines.http import (HTTPSessionMixin, LaunchedServerMixin, TransientHTTPError, http_transient_errors, retry,
                                  weight_group_env)
-from paravt.engines.sglang import SGLangServer, collapse_image_pads, physical_gpus
+from paravt.engines.sglang import SGLangServer, physical_gpus
+from paravt.engines.vllm_protocol import parse_tokens_response, parse_version, tokens_payload
 from paravt.models.images import ImageInputs
+
+
+ReloadMethod = Literal["paravt", "reload_weights"]
 
 
 @dataclass
@@ -60,7 +65,7 @@ class VLLMServerConfig:
     # (paravt.engines.vllm_worker.WeightReload, a worker extension: correct on the CPU build, whose
     # reload_weights leaves its packed linear layers unchanged) | reload_weights (vLLM's own in-place reload).
     # The worker extension is loaded into every rollout server: it also receives broadcast weights.
-    reload_method: str = "paravt"
+    reload_method: str = choice(ReloadMethod)
     # Chunked prefill (null: off on the CPU build, on with GPUs). vLLM rewinds the generator of a seeded
     # request whose prompt was only partly prefilled (gen.set_offset), which CPU generators cannot do:
     # on the CPU build, seeded requests under load crashed the engine ("CPU Generator does not use
@@ -72,8 +77,7 @@ class VLLMServerConfig:
     log_file: str | None = None  # server log (null: vllm_<port>.log)
 
     def __post_init__(self):
-        if self.reload_method not in ("paravt", "reload_weights"):
-            raise ValueError(f"reload_method must be paravt or reload_weights, got {self.reload_method!r}")
+        check_choices(self, "rollout.vllm")
         if self.tp_size < 1 or (self.gpus and len(self.gpus) % self.tp_size):
             raise ValueError(f"tp_size {self.tp_size} must divide the number of GPUs {self.gpus}")
 
@@ -148,83 +152,6 @@ class VLLMServer(SGLangServer):
 # ---------------------------------------------------------------------------------------
 # Tokens in, tokens out (RL rollouts)
 # ---------------------------------------------------------------------------------------
-
-def tokens_payload(input_ids: Sequence[int], images: ImageInputs | None, params: SamplingParams,
-                   banned_token_ids: Sequence[int] = (), image_token_id: int | None = None,
-                   model: str | None = None) -> dict[str, Any]:
-    """The ``/inference/v1/generate`` body. Images go as ``content_parts`` with ONE
-    ``image_token_id`` per image in ``token_ids``: vLLM's Qwen-VL processor expands each into its
-    patch tokens (``return_token_ids`` sends the expanded prompt back for the equality check)."""
-    ids = [int(t) for t in input_ids]
-    body: dict[str, Any] = {"token_ids": ids, "return_token_ids": True, "output_mode": "tokens"}
-    if images is not None and len(images):
-        if image_token_id is None:
-            raise ValueError("tokens_payload: image_token_id is required when images are sent")
-        ids = collapse_image_pads(ids, image_token_id)
-        if ids.count(image_token_id) != len(images):
-            raise ValueError(f"tokens_payload: {ids.count(image_token_id)} image placeholder runs for {len(images)} images")
-        body["token_ids"] = ids
-        body["content_parts"] = [{"type": "image_url", "url": u} for u in images.data_urls()]
-    sp: dict[str, Any] = {"max_tokens": params.max_new_tokens, "temperature": params.temperature,
-                          "top_p": params.top_p, "logprobs": 0, "skip_special_tokens": False, "detokenize": False}
-    if params.top_k and params.top_k > 0:
-        sp["top_k"] = params.top_k
-    if params.seed is not None:
-        sp["seed"] = int(params.seed) % (2**31)
-    if params.stop_token_ids:
-        sp["stop_token_ids"] = list(params.stop_token_ids)
-    if params.frequency_penalty:
-        sp["frequency_penalty"] = params.frequency_penalty
-    if params.presence_penalty:
-        sp["presence_penalty"] = params.presence_penalty
-    if banned_token_ids:  # vision placeholders are never text the policy may write
-        sp["logit_bias"] = {str(int(t)): -100.0 for t in banned_token_ids}
-    body["sampling_params"] = sp
-    if model:
-        body["model"] = model
-    return body
-
-
-def parse_version(value: Any, default: int) -> int:
-    """A server's weight version as our integer policy version (vLLM starts at "default")."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def parse_tokens_response(resp: dict[str, Any], expected_prompt: Sequence[int] | None,
-                          default_version: int) -> GenerationOutput:
-    """GenerationOutput from a ``/inference/v1/generate`` reply. The served prompt must equal
-    ``expected_prompt`` (the ids the trajectory holds, images expanded locally); otherwise the turn
-    is an error, never trained on. The version is the oldest weight version that produced a token."""
-    choices = resp.get("choices") or []
-    if len(choices) != 1:
-        raise EngineError(f"expected one choice, got {len(choices)}")
-    c = choices[0]
-    served = resp.get("prompt_token_ids")
-    if expected_prompt is not None and served is not None and list(served) != list(expected_prompt):
-        n_diff = next((i for i, (a, b) in enumerate(zip(served, expected_prompt)) if a != b),
-                      min(len(served), len(expected_prompt)))
-        return GenerationOutput([], [], "error", default_version,
-                                error=f"the server's prompt ({len(served)} tokens) differs from the local one "
-                                      f"({len(expected_prompt)} tokens) from position {n_diff}: processor or "
-                                      "min/max_pixels mismatch between the client and the served model")
-    ids = [int(t) for t in c.get("token_ids") or []]
-    content = (c.get("logprobs") or {}).get("content") or []
-    if len(content) != len(ids):
-        raise EngineError(f"{len(ids)} tokens but {len(content)} logprobs (was the server started with --enable-scale-out "
-                          "and asked for logprobs?)")
-    logprobs = [float(x["logprob"]) for x in content]
-    spans = c.get("weight_versions") or []
-    versions = [parse_version(sp.get("version"), default_version) for sp in spans]
-    version = min(versions) if versions else default_version
-    fr = c.get("finish_reason") or "stop"
-    if fr == "abort":
-        return GenerationOutput(ids, logprobs, "error", version, error="request aborted by the server")
-    return GenerationOutput(ids, logprobs, "length" if fr == "length" else "stop", version,
-                            prompt_token_ids=list(served) if served is not None else None)
-
 
 class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
     """A vLLM rollout server through its tokens endpoint.

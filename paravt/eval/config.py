@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from paravt.agent.episode import EpisodeConfig
 from paravt.agent.tools import CropConfig, check_tools
-from paravt.core.config import check_run_paths
+from paravt.core.config import check_choices, check_run_paths, choice
 from paravt.core.prompts import AGENTIC_MODES
 from paravt.eval.hub import HubConfig
 from paravt.eval.judge import MCQJudgeConfig
@@ -30,7 +30,10 @@ OVERVIEW_PROTOCOLS = {
 }
 
 
-RESUME_MODES = ("auto", "restart", "force", "never")
+Launch = Literal["none", "sglang", "vllm"]
+Backend = Literal["hf", "openai"]
+Channel = Literal["image_url", "video_url"]
+Resume = Literal["auto", "restart", "force", "never"]
 
 
 @dataclass
@@ -38,7 +41,7 @@ class ServerConfig:
     # none: use server.urls | sglang: launch SGLang (.venv-sglang) | vllm: launch vLLM (.venv-vllm; the
     # launcher passes --served-model-name, --trust-request-mm-kwargs and --allowed-local-media-path, which
     # the client needs for K on video_url and file:// videos)
-    launch: str = "none"
+    launch: str = choice(Launch)
     urls: list[str] = field(default_factory=list)  # existing servers (round-robin)
     # The name sent in chat requests: None = the server's own (read from /v1/models). vLLM answers
     # 404 to any other name; launch vLLM with --served-model-name and, for file:// videos on the
@@ -61,8 +64,7 @@ class ServerConfig:
     extra_args: list[str] = field(default_factory=list)  # more server flags
 
     def __post_init__(self):
-        if self.launch not in ("none", "sglang", "vllm"):
-            raise ValueError(f"server.launch must be none, sglang or vllm, got {self.launch!r}")
+        check_choices(self, "server")
         if self.replicas < 1 or self.gpus_per_replica < 1:
             raise ValueError("server.replicas and server.gpus_per_replica must be >= 1")
 
@@ -76,23 +78,28 @@ class ServerConfig:
                                       served_model_name=self.model_name or served_name, extra_args=list(self.extra_args),
                                       log_file=str(Path(log_dir) / f"{self.launch}_{i}.log"))
         common.update({k: v for k, v in (("python", self.python), ("dtype", self.dtype)) if v})
-        if self.launch == "vllm":
-            from paravt.engines.vllm import VLLMServerConfig  # noqa: PLC0415
-            return VLLMServerConfig(enforce_eager=self.enforce_eager, cpu_kvcache_space_gb=self.kv_cache_gb, **common)
-        if self.launch == "sglang":
-            from paravt.engines.sglang import SGLangServerConfig  # noqa: PLC0415
-            return SGLangServerConfig(deterministic=self.deterministic, video_nframes=video_nframes, **common)
-        raise ValueError("server.launch is none: no server to launch")
+        if self.launch == "none":
+            raise ValueError("server.launch is none: no server to launch")
+        import dataclasses  # noqa: PLC0415
+
+        from paravt.engines.registry import get_backend  # noqa: PLC0415
+
+        settings = get_backend(self.launch).server_config  # the engine's own launch settings
+        # each engine's knobs (vLLM: enforce_eager, KV cache; SGLang: deterministic, server-side K), by field name
+        knobs = {"enforce_eager": self.enforce_eager, "cpu_kvcache_space_gb": self.kv_cache_gb,
+                 "deterministic": self.deterministic, "video_nframes": video_nframes}
+        own = {f.name for f in dataclasses.fields(settings)}
+        return settings(**common, **{k: v for k, v in knobs.items() if k in own})
 
 
 @dataclass
 class EvalConfig:
     model: str = "???"  # checkpoint dir or hub id (hf backend / server launch)
     row: str = "model"  # the Table-1 row name used in the output path
-    backend: str = "hf"  # hf | openai
+    backend: str = choice(Backend)  # hf | openai
     prompt_mode: str = "agentic_general"  # direct | reasoning | agentic_general | agentic_minimal | any configs/prompts/*.txt
     use_tools: bool | None = None  # None: on for agentic_* modes; set true for a tool-using baseline-native mode
-    channel: str = "image_url"  # image_url (client-side frames) | video_url (server-side decode)
+    channel: str = choice(Channel)  # image_url (client-side frames) | video_url (server-side decode)
     # splits to run (names or Hub ids; the table at the end): videomme, videomme_sub (Video-MME test, without/with
     # subtitles), longvideobench (validation), lvbench (test), mlvu (dev), mmvu (validation), charades_sta (test), synthetic (the tiny world)
     splits: list[str] = field(default_factory=lambda: ["synthetic"])
@@ -116,7 +123,7 @@ class EvalConfig:
     # images at qwen-vl-utils' default video pixel bounds (100352-602112 px), no timestamps, no
     # "Video/Duration" header, no forced "<think>\n". paravt: 784-50176 px, "<t seconds>" before
     # each frame, the header, "<think>\n" forced (the RL training format; the tiny quickstart).
-    overview: str = "release"
+    overview: str = choice(*OVERVIEW_PROTOCOLS)
     think_prefix: bool | None = None  # None: the protocol's (release: off, paravt: on)
     overview_min_pixels: int | None = None  # None: the protocol's
     overview_max_pixels: int | None = None  # None: the protocol's
@@ -148,19 +155,12 @@ class EvalConfig:
     # fingerprint, K, prompt/overview/crop modes, token limits, ...) matches this run.
     # auto: refuse on a mismatch; restart: move the old results aside and start over on a mismatch;
     # force: reuse them anyway; never: always start over.
-    resume: str = "auto"
+    resume: str = choice(Resume)
 
     def __post_init__(self):
         if self.model in ("", "???") and self.backend == "hf":
             raise ValueError("model is required")
-        if self.backend not in ("hf", "openai"):
-            raise ValueError(f"backend must be hf or openai, got {self.backend!r}")
-        if self.resume not in RESUME_MODES:
-            raise ValueError(f"resume must be one of {RESUME_MODES}, got {self.resume!r}")
-        if self.overview not in OVERVIEW_PROTOCOLS:
-            raise ValueError(f"overview must be one of {sorted(OVERVIEW_PROTOCOLS)}, got {self.overview!r}")
-        if self.channel not in ("image_url", "video_url"):
-            raise ValueError(f"channel must be image_url or video_url, got {self.channel!r}")
+        check_choices(self)  # backend, channel, overview, resume
         if self.channel == "video_url" and self.backend == "hf":
             raise ValueError("channel=video_url needs a server that decodes video (backend=openai)")
         if not 0 <= self.shard_id < self.num_shards:

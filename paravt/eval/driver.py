@@ -159,23 +159,24 @@ class Evaluator:
             samples = [dataclasses.replace(s, id=f"{s.id}#s{k}") for s in samples for k in range(n)]
         return samples
 
-    async def _one(self, i: int, s: BenchmarkItem, cache: OverviewCache) -> dict[str, Any]:
+    async def _one(self, i: int, item: BenchmarkItem, cache: OverviewCache) -> dict[str, Any]:
         cfg = self.cfg
-        rec: dict[str, Any] = {"id": s.id, "split": s.split, "question_type": s.question_type, "answer": s.answer,
-                               "duration_bucket": s.duration_bucket, "task": s.task, "tool_calls": 0}
-        if not s.video_exists:
-            rec.update({"missing_video": s.video})
+        rec: dict[str, Any] = {"id": item.id, "split": item.split, "question_type": item.question_type,
+                               "answer": item.answer, "duration_bucket": item.duration_bucket, "task": item.task,
+                               "tool_calls": 0}
+        if not item.video_exists:
+            rec.update({"missing_video": item.video})
             return rec
-        question = s.question
-        if s.subtitle:
-            subs = read_srt(s.subtitle, cfg.subtitle_max_chars)
+        question = item.question
+        if item.subtitle:
+            subs = read_srt(item.subtitle, cfg.subtitle_max_chars)
             if subs:
                 question = f"This video's subtitles are listed below:\n{subs}\n\n{question}"
-        sample = EpisodeSample(s.id, question, s.video, s.duration, s.answer, s.question_type)
-        ecfg = episode_config(cfg, s.question_type)
+        sample = EpisodeSample(item.id, question, item.video, item.duration, item.answer, item.question_type)
+        episode_cfg = episode_config(cfg, item.question_type)
         t0 = time.perf_counter()
         try:  # the engine already retried each request (paravt.engines.http.retry): no second loop here
-            traj = await run_episode(sample, self._engine_for(i), self.processor, ecfg, cfg.nframes,
+            traj = await run_episode(sample, self._engine_for(i), self.processor, episode_cfg, cfg.nframes,
                                      seed=cfg.sample_seed, cache=cache)
         except Exception as exc:  # noqa: BLE001 - one bad sample must not stop the run
             rec["error"] = f"{type(exc).__name__}: {exc}"
@@ -183,29 +184,32 @@ class Evaluator:
         faults = traj.faults
         if cfg.channel == "video_url" and traj.served_prompt_ids is not None and self.processor is not None:
             rec["video_frames"], problem = served_video_frames(traj.served_prompt_ids, self.processor, cfg.nframes,
-                                                               s.video)
+                                                               item.video)
             if problem:
                 faults = [problem] + faults
         if faults:  # lost to the engine, server, video or a tool bug: an error, never a silent 0
             rec["error"] = faults[0] + (f" (+{len(faults) - 1} more)" if len(faults) > 1 else "")
             if traj.end_reason == "error":
                 return rec
-        rec.update(score(s, traj.completion_text))
-        if self.judge is not None and s.question_type == "mcq" and extract_mcq_letter(rec["pred"] or "") is None:
+        rec.update(score(item, traj.completion_text))
+        if self.judge is not None and item.question_type == "mcq" and extract_mcq_letter(rec["pred"] or "") is None:
             try:  # no letter for the strict scorer: the judge's reading goes beside it, never over it
-                letter = await self.judge(s.question, traj.completion_text, len(s.options) or 4)
-                rec["judge_pred"], rec["judge_correct"] = letter or "", float(letter is not None and letter == s.answer)
+                letter = await self.judge(item.question, traj.completion_text, len(item.options) or 4)
+                rec["judge_pred"] = letter or ""
+                rec["judge_correct"] = float(letter is not None and letter == item.answer)
             except Exception as exc:  # noqa: BLE001 - a failed judge leaves the strict score as it is
                 rec["judge_error"] = f"{type(exc).__name__}: {exc}"[:300]
         rec.update({"tool_calls": traj.stats["tool_calls"], "turns": len(traj.turns), "end_reason": traj.end_reason,
                     # direct prompts have no tool structure to follow: compliant = an answer of the
                     # question's kind was read (a letter, a span, a non-empty text)
                     "well_formed": episode_well_formed([t.text for t in traj.turns], self.parser)
-                    if cfg.prompt_mode != "direct" else answer_readable(rec, s.question_type), "seconds": round(time.perf_counter() - t0, 3)})
+                    if cfg.prompt_mode != "direct" else answer_readable(rec, item.question_type),
+                    "seconds": round(time.perf_counter() - t0, 3)})
         if cfg.save_trajectory:
             rec["trajectory"] = traj.redacted(thumbnails=cfg.trajectory_thumbnails)
-            rec["trajectory"].update({"question": s.question, "question_type": s.question_type, "answer": s.answer,
-                                      "span": s.span or (s.answer if s.question_type == "tvg" else None),
+            rec["trajectory"].update({"question": item.question, "question_type": item.question_type,
+                                      "answer": item.answer,
+                                      "span": item.span or (item.answer if item.question_type == "tvg" else None),
                                       "score": rec.get("score")})
         return rec
 

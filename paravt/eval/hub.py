@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from paravt.core.config import check_choices, choice
 from paravt.data.archives import extract, find_archives
 from paravt.eval.sample import SplitConfig
 
@@ -22,18 +24,20 @@ class HubUnavailable(RuntimeError):
     """The split is not in the cache and could not (or may not) be downloaded."""
 
 
+Source = Literal["auto", "local", "hub"]
+
+
 @dataclass
 class HubConfig:
     """Where a split is looked up when data_root/<dir> does not hold it (python -m paravt.eval.fetch)."""
-    source: str = "auto"  # auto: data_root first, then the Hugging Face cache | local: data_root only | hub: the cache only
+    source: str = choice(Source)  # auto: data_root first, then the Hugging Face cache | local: data_root only | hub: the cache only
     download: bool = False  # true: download + extract a split the cache lacks on first use (the release does; GBs)
     cache_dir: str | None = None  # Hub cache; null: HF_HUB_CACHE, else $HF_HOME/hub
     media_root: str | None = None  # extracted videos; null: $HF_HOME/<the split's media dir> (lmms-eval's folders)
     progress: bool = True  # progress bars of downloads and extraction
 
     def __post_init__(self):
-        if self.source not in ("auto", "local", "hub"):
-            raise ValueError(f"hub.source must be auto, local or hub, got {self.source!r}")
+        check_choices(self, "hub")
 
 
 def snapshot(c: SplitConfig, *, download: bool = False, cache_dir: str | None = None, with_media: bool = False) -> Path:

@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta

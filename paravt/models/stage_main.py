@@ -104,10 +104,10 @@ def run_trainer(trainer_path: str, schema, argv: list[str] | None, prog: str, la
     try:
         final = trainer.train()
     except (DataError, RunAborted) as exc:
-        end_stopped_run(exc, prog, trainer.d.is_main)
+        end_stopped_run(exc, prog, trainer.dist.is_main)
     if lock is not None:
         lock.release()
-    if trainer.d.is_main:
+    if trainer.dist.is_main:
         print(f"{label} done ({trainer.out.name}): {trainer.global_step} steps; model at {final}")
     if dist.is_initialized():
         world = dist.get_world_size()

@@ -118,8 +118,8 @@ def tokenizer_corpus(seed: int) -> list[str]:
     synthetic world, timestamps, clocks and numbers."""
     from paravt.core.prompts import available_modes, clock, format_timestamp, subagent_prompt, system_prompt  # noqa: PLC0415
     from paravt.data.tool_specs import DATA_TOOL_SCHEMAS  # noqa: PLC0415
-    from paravt.data.synthetic import (QUESTION_TYPES, WorldConfig, expert_trajectory, make_question,  # noqa: PLC0415
-                                       make_spec)
+    from paravt.data.synthetic.traces import expert_trajectory  # noqa: PLC0415
+    from paravt.data.synthetic.world import QUESTION_TYPES, WorldConfig, make_question, make_spec  # noqa: PLC0415
     from paravt.core.seeding import py_rng  # noqa: PLC0415
 
     texts = [system_prompt(m, DATA_TOOL_SCHEMAS) for m in available_modes()]

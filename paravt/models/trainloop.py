@@ -17,19 +17,21 @@ class TrainLoop:
     ``loop.finish(...)``. Only rank 0 writes; every rank may call every method."""
 
     def __init__(self, trainer, desc: str):
-        self.t, self.desc = trainer, desc
+        self.trainer, self.desc = trainer, desc
         self.logger: MetricsLogger | None = None
         self.bar = None
 
     def __enter__(self) -> "TrainLoop":
-        t, lc = self.t, self.t.cfg.logging
-        self.logger = MetricsLogger(t.out / "metrics.jsonl", enabled=t.d.is_main, wandb_project=lc.wandb_project,
-                                    wandb_mode=lc.wandb_mode, run_name=t.out.name, config=asdict(t.cfg),
-                                    resume_step=t.global_step + 1)
-        if t.d.is_main and lc.progress:
+        trainer, log_cfg = self.trainer, self.trainer.cfg.logging
+        self.logger = MetricsLogger(trainer.out / "metrics.jsonl", enabled=trainer.dist.is_main,
+                                    wandb_project=log_cfg.wandb_project, wandb_mode=log_cfg.wandb_mode,
+                                    run_name=trainer.out.name, config=asdict(trainer.cfg),
+                                    resume_step=trainer.global_step + 1)
+        if trainer.dist.is_main and log_cfg.progress:
             from tqdm import tqdm  # noqa: PLC0415
 
-            self.bar = tqdm(total=t.cfg.max_steps, initial=t.global_step, desc=self.desc, dynamic_ncols=True)
+            self.bar = tqdm(total=trainer.cfg.max_steps, initial=trainer.global_step, desc=self.desc,
+                            dynamic_ncols=True)
         return self
 
     def log(self, metrics: dict[str, Any] | None, step: int, postfix: dict[str, str] | None = None) -> None:
@@ -49,14 +51,14 @@ class TrainLoop:
 
     def finish(self, curves: list[str], png: str, title: str, smooth: int = 1) -> Path:
         """Point ``out/final`` at the last checkpoint's ``hf/`` and draw the curves; returns ``final``."""
-        t = self.t
-        final = t.out / "final"
-        last = parallel.step_dir(t.ckpt_root, t.global_step) / "hf"
-        if t.d.is_main:
+        trainer = self.trainer
+        final = trainer.out / "final"
+        last = parallel.step_dir(trainer.ckpt_root, trainer.global_step) / "hf"
+        if trainer.dist.is_main:
             if final.is_symlink():
                 final.unlink()
             if not final.exists() and last.exists():
                 final.symlink_to(last.resolve(), target_is_directory=True)
-            plot_curves(t.out / "metrics.jsonl", curves, t.out / png, title=title, smooth=smooth)
+            plot_curves(trainer.out / "metrics.jsonl", curves, trainer.out / png, title=title, smooth=smooth)
         parallel.barrier()
         return final

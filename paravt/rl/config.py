@@ -3,16 +3,29 @@ field; the 8B recipes set the paper's values, the tiny ones the embedded default
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 from paravt.agent.tools import CropConfig, check_tools
-from paravt.core.config import check_dtype, check_run_paths, require
+from paravt.core.config import check_choice, check_choices, check_dtype, check_run_paths, choice, require
+from paravt.engines.registry import EngineBackend, backend_names, get_backend
 from paravt.engines.sglang import SGLangServerConfig
 from paravt.engines.vllm import VLLMServerConfig
 from paravt.rl.gating import DEFAULT_CHOICES
 from paravt.rl.rewards.judge import JudgeConfig
 from paravt.rl.rewards.terms import RewardKnobs
+
+
+RewardMode = Literal["f1", "exact", "llm"]
+RewardRules = Literal["release", "paravt"]
+KLMode = Literal["reward_k1", "loss_k3"]
+AdvNormLevel = Literal["token", "sequence"]
+Correction = Literal["token", "sequence"]
+WeightSync = Literal["auto", "broadcast", "disk"]
+SyncBackend = Literal["auto", "nccl", "gloo"]
+TrainStrategy = Literal["fsdp2", "none"]
+GTRMode = Literal["off", "observe", "train"]
+Corrector = Literal["oracle", "llm"]
 
 
 @dataclass
@@ -43,20 +56,17 @@ class AnchoringConfig:
 
 @dataclass
 class RewardConfig:
-    mode: str = "f1"  # f1 | exact | llm
+    mode: str = choice(RewardMode)  # f1 | exact | llm
     format_weight: float = 1.0  # weight of R_fmt in R = R_acc + w R_fmt + w_tool R_tool
     credit_executed_tools: bool = False  # see paravt.rl.rewards.terms (R_tool decision)
-    rules: str = "release"  # release (the authors' reward) | paravt (eval's scorer; see rewards.terms)
+    rules: str = choice(RewardRules)  # release (the authors' reward) | paravt (eval's scorer; see rewards.terms)
     # weight of R_tool: 1.0 as released; 0 pays calls only through accuracy (rewards.terms explains)
     tool_weight: float = 1.0
 
     def __post_init__(self):
         if self.tool_weight < 0:
             raise ValueError(f"paravt.reward.tool_weight must be >= 0, got {self.tool_weight}")
-        if self.mode not in ("f1", "exact", "llm"):
-            raise ValueError(f"paravt.reward.mode must be f1, exact or llm, got {self.mode!r}")
-        if self.rules not in ("release", "paravt"):
-            raise ValueError(f"paravt.reward.rules must be release or paravt, got {self.rules!r}")
+        check_choices(self, "paravt.reward")
 
 
 @dataclass
@@ -74,7 +84,7 @@ class ParaVTConfig:
 
 
 @dataclass
-class AgentConfig:
+class HierarchicalAgentConfig:
     nframes: int = 64  # overview frames when gating is off
     # row: the parquet's own system prompt and user text, frames at the <video> mark (the release);
     # mode: configs/prompts/<prompt_mode>.txt + a "Video / Duration" header (ours; the tiny world's SFT format)
@@ -113,12 +123,12 @@ class GRPOConfig:
     batch_adv_norm: bool = True  # normalise advantages over the batch
     clip_eps: float = 0.2  # PPO ratio clip
     kl_coef: float = 0.01  # KL coefficient to the frozen reference (0: no reference model)
-    kl_mode: str = "reward_k1"  # reward_k1 (the release: per-token k1 penalty in the reward) | loss_k3
-    adv_norm_level: str = "token"  # token (the release: over policy tokens) | sequence
+    kl_mode: str = choice(KLMode)  # reward_k1 (the release: per-token k1 penalty in the reward) | loss_k3
+    adv_norm_level: str = choice(AdvNormLevel)  # token (the release: over policy tokens) | sequence
     behav_imp_weight_cap: float | None = 5.0  # decoupled loss: drop tokens whose behaviour importance weight exceeds this (null: off)
     # Rollout correction of the behaviour weight w = exp(prox - behav), opt-in (off in the release):
-    rollout_is: str | None = None  # truncated importance sampling: token (min(w_t, C)) | sequence (min(prod w_t, C)) | null
-    rollout_rs: str | None = None  # rejection: token (mask w_t outside [1/C, C]) | sequence (geometric mean outside) | null
+    rollout_is: str | None = choice(None, Correction)  # truncated importance sampling: token (min(w_t, C)) | sequence (min(prod w_t, C)) | null
+    rollout_rs: str | None = choice(None, Correction)  # rejection: token (mask w_t outside [1/C, C]) | sequence (geometric mean outside) | null
     rollout_corr_cap: float = 2.0  # C of both
     ppo_minibatches: int = 1  # optimizer steps per RL step
     max_staleness: int = 2  # rollouts may be this many policy versions old (0 = synchronous)
@@ -132,18 +142,12 @@ class GRPOConfig:
             raise ValueError(f"grpo.temperature must be >= 0 and grpo.top_p in (0, 1], got {self.temperature}, {self.top_p}")
         if self.ppo_minibatches < 1 or self.max_staleness < 0:
             raise ValueError("grpo.ppo_minibatches >= 1 and grpo.max_staleness >= 0 required")
-        if self.kl_mode not in ("reward_k1", "loss_k3"):
-            raise ValueError(f"grpo.kl_mode must be reward_k1 or loss_k3, got {self.kl_mode!r}")
-        for k in ("rollout_is", "rollout_rs"):
-            if getattr(self, k) not in (None, "token", "sequence"):
-                raise ValueError(f"grpo.{k} must be token, sequence or null, got {getattr(self, k)!r}")
+        check_choices(self, "grpo")
         if self.rollout_corr_cap <= 1:
             raise ValueError(f"grpo.rollout_corr_cap must be > 1, got {self.rollout_corr_cap}")
         if (self.rollout_is or self.rollout_rs) and self.behav_imp_weight_cap is None:
             raise ValueError("grpo.rollout_is / rollout_rs correct the behaviour weight, which "
                              "grpo.behav_imp_weight_cap=null turns off")
-        if self.adv_norm_level not in ("token", "sequence"):
-            raise ValueError(f"grpo.adv_norm_level must be token or sequence, got {self.adv_norm_level!r}")
 
 
 @dataclass
@@ -186,9 +190,9 @@ class RolloutConfig:
     # dead server evicted and its requests sent again; weight pushes still to each server). false: the pool
     # sends each request to its server itself. SGLang always uses the pool (GUIDE "Routers" says why).
     router: bool = True
-    weight_sync: str = "auto"  # auto | broadcast | disk (see above)
+    weight_sync: str = choice(WeightSync)  # auto | broadcast | disk (see above)
     bucket_mb: int = 1024  # broadcast: MiB per bucket (rank 0's extra memory during a push: one bucket + one parameter)
-    sync_backend: str = "auto"  # broadcast: auto (nccl when the trainer and the servers have GPUs, else gloo) | nccl | gloo
+    sync_backend: str = choice(SyncBackend)  # broadcast: auto (nccl when the trainer and the servers have GPUs, else gloo) | nccl | gloo
     sync_address: str | None = None  # broadcast: the address servers reach trainer rank 0 at (null: loopback for local servers, else this host)
     # A push that has not finished after this long (a stalled group, a server that stopped receiving)
     # ends the run: one line, exit 3, a checkpoint. Also bounds a disk reload.
@@ -209,32 +213,45 @@ class RolloutConfig:
     max_bad_steps: int = 3
 
     def __post_init__(self):
-        if self.engine not in ("hf", "hf_server", "sglang", "vllm"):
-            raise ValueError(f"rollout.engine must be hf, hf_server, sglang or vllm, got {self.engine!r}")
+        check_choices(self, "rollout")
+        if ":" not in self.engine:  # module:attribute names an engine outside the package
+            check_choice("rollout.engine", self.engine, backend_names(rollout_only=True))
+        b = self.backend()
+        if not b.rollout:
+            raise ValueError(f"rollout.engine={self.engine} does not serve rollouts (token ids and logprobs)")
         if self.layout:
             from paravt.rl.layout import check_layout  # noqa: PLC0415
 
             check_layout(self.layout, engine=self.engine, urls=self.urls)
-        if self.replicas < 0 or (not self.layout and self.engine in ("sglang", "vllm") and self.replicas == 0
+        if self.replicas < 0 or (not self.layout and b.server_config is not None and self.replicas == 0
                                  and not self.urls):
             raise ValueError(f"rollout.replicas={self.replicas}: launch at least one server or give rollout.urls")
-        if self.weight_sync not in ("auto", "broadcast", "disk"):
-            raise ValueError(f"rollout.weight_sync must be auto, broadcast or disk, got {self.weight_sync!r}")
-        if self.weight_sync == "broadcast" and self.engine not in ("sglang", "vllm"):
-            raise ValueError(f"rollout.weight_sync=broadcast needs a sglang or vllm rollout server, not engine "
-                             f"{self.engine!r} (use auto or disk)")
-        if self.sync_backend not in ("auto", "nccl", "gloo"):
-            raise ValueError(f"rollout.sync_backend must be auto, nccl or gloo, got {self.sync_backend!r}")
+        if self.weight_sync != "auto" and "state_dict" not in b.transports and self.weight_sync not in b.transports:
+            raise ValueError(f"rollout.weight_sync={self.weight_sync}: rollout.engine={self.engine} takes weights by "
+                             f"{' | '.join(b.transports)} (use auto or one of those)")
         if self.bucket_mb < 1 or self.sync_timeout_s <= 0 or self.control_timeout_s <= 0:
             raise ValueError("rollout.bucket_mb >= 1, rollout.sync_timeout_s > 0 and rollout.control_timeout_s > 0 required")
         if not 0.0 <= self.max_skipped_fraction <= 1.0 or self.max_bad_steps < 0:
             raise ValueError(f"rollout.max_skipped_fraction must be in [0, 1] and rollout.max_bad_steps >= 0, got "
                              f"{self.max_skipped_fraction}, {self.max_bad_steps}")
 
+    def backend(self) -> EngineBackend:
+        return get_backend(self.engine)
+
+    def launch_settings(self) -> tuple[str | None, Any]:
+        """(field name, value) of the launch settings of ``engine``: the field holding the backend's
+        ``server_config`` (``server`` for SGLang, ``vllm`` for vLLM); (None, None) for an engine that takes
+        none (in-process, hf_server)."""
+        takes = self.backend().server_config
+        for f in fields(self):
+            if takes is not None and isinstance(getattr(self, f.name), takes):
+                return f.name, getattr(self, f.name)
+        return None, None
+
 
 @dataclass
 class TrainerConfig:
-    strategy: str = "fsdp2"  # fsdp2 | none
+    strategy: str = choice(TrainStrategy)  # fsdp2 | none
     dtype: str = "bfloat16"  # compute dtype (master weights fp32)
     attn_implementation: str | None = None  # sdpa_varlen | torch_varlen | sdpa | flash_attention_2 | eager (null: flash-attn where installed, else sdpa_varlen)
     gradient_checkpointing: bool = True  # recompute activations in backward
@@ -250,8 +267,7 @@ class TrainerConfig:
         check_dtype(self.dtype)
         if self.pack_tokens < 0:
             raise ValueError(f"trainer.pack_tokens must be >= 0, got {self.pack_tokens}")
-        if self.strategy not in ("fsdp2", "none"):
-            raise ValueError(f"trainer.strategy must be fsdp2 or none, got {self.strategy!r}")
+        check_choices(self, "trainer")
 
 
 @dataclass
@@ -267,8 +283,8 @@ class LogConfig:
 class GTRConfig:
     """Guided thought reinforcement (opt-in; see paravt.rl.gtr). Off leaves PARA-GRPO unchanged."""
 
-    mode: str = "off"  # off | observe (judge thoughts + collapse metrics, no extra loss) | train (+ lambda NLL)
-    corrector: str = "oracle"  # oracle (the synthetic world's ground truth) | llm (OpenAI-compatible endpoint)
+    mode: str = choice(GTRMode)  # off | observe (judge thoughts + collapse metrics, no extra loss) | train (+ lambda NLL)
+    corrector: str = choice(Corrector)  # oracle (the synthetic world's ground truth) | llm (OpenAI-compatible endpoint)
     sft_weight: float = 1.0  # lambda in L = L_PARA-GRPO + lambda * mean NLL(corrected thoughts)
     think_weight: float = 1.0  # per-token weight of thought tokens in the PPO loss (the GTR code's c; 1 = off)
     buffer_size: int = 4096  # corrected thoughts kept (DAgger-style aggregation over the run; oldest dropped)
@@ -283,10 +299,7 @@ class GTRConfig:
     max_frames: int = 8  # llm corrector: overview frames sent with each judgement
 
     def __post_init__(self):
-        if self.mode not in ("off", "observe", "train"):
-            raise ValueError(f"gtr.mode must be off, observe or train, got {self.mode!r}")
-        if self.corrector not in ("oracle", "llm"):
-            raise ValueError(f"gtr.corrector must be oracle or llm, got {self.corrector!r}")
+        check_choices(self, "gtr")
         if self.sft_weight < 0 or self.think_weight < 0 or self.sft_ratio < 0 or self.buffer_size < 1:
             raise ValueError("gtr.sft_weight, think_weight, sft_ratio must be >= 0 and buffer_size >= 1")
         if self.mode != "off" and self.corrector == "llm" and not self.base_url:
@@ -306,7 +319,7 @@ class RLConfig:
     seed: int = 0  # seeds K draws, prompt order and sampling
     resume: str = "auto"  # auto | never | <checkpoint dir>
     paravt: ParaVTConfig = field(default_factory=ParaVTConfig)
-    hierarchical_agent: AgentConfig = field(default_factory=AgentConfig)
+    hierarchical_agent: HierarchicalAgentConfig = field(default_factory=HierarchicalAgentConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -327,7 +340,6 @@ class RLConfig:
         if self.paravt.reward.mode == "llm" and not (self.judge.base_url and self.judge.model):
             raise ValueError("paravt.reward.mode=llm needs judge.base_url and judge.model (an OpenAI-compatible judge)")
 
-
     def check_inputs(self) -> None:
         """The files a run reads exist (called by the trainer before any model loads; not in
         ``__post_init__``, so a recipe can be read on a machine without its data)."""
@@ -344,37 +356,21 @@ class RLConfig:
     def needs_cuda(self) -> str | None:
         """Why this recipe cannot run without CUDA (None: it can)."""
         r = self.rollout
+        b = r.backend()
         if r.layout:  # the layout's rollout parts launch servers; the vLLM CPU build takes them on CPU
             from paravt.rl.layout import check_layout  # noqa: PLC0415
 
             launches = any(n.count("rollout") for n in check_layout(r.layout))
         else:
             launches = r.replicas > 0
-        if r.engine == "sglang" and launches:  # launching SGLang needs GPUs; servers reached by rollout.urls do not
-            return "rollout.engine=sglang runs on GPUs only"
-        if r.engine == "vllm" and r.vllm.gpus and not r.layout:
-            return f"rollout.vllm.gpus={r.vllm.gpus} (the CPU build takes gpus=[])"
+        if b.launch_needs_cuda and launches:  # servers reached by rollout.urls need no GPU here
+            return f"rollout.engine={r.engine} runs on GPUs only"
+        key, settings = r.launch_settings()
+        if b.gpus_need_cuda and settings is not None and settings.gpus and not r.layout:
+            return f"rollout.{key}.gpus={settings.gpus} (the CPU build takes gpus=[])"
         if self.trainer.attn_implementation == "flash_attention_2":
             return "trainer.attn_implementation=flash_attention_2 is a CUDA kernel"
         return None
-
-    def sync_mode(self) -> str:
-        """How weights reach the engine after a step: state_dict (in-process) | broadcast | disk."""
-        r = self.rollout
-        if r.engine == "hf":
-            return "state_dict"
-        if r.weight_sync == "auto":
-            return "broadcast" if r.engine in ("sglang", "vllm") else "disk"
-        return r.weight_sync
-
-    def sync_backend(self, trainer_on_cuda: bool) -> str:
-        """The broadcast group's backend: NCCL needs CUDA on both sides (the CPU vLLM build has none)."""
-        r = self.rollout
-        if r.sync_backend != "auto":
-            return r.sync_backend
-        # under a layout the servers take the GPUs of their nodes (vllm.gpus is not read): on GPU nodes they have CUDA
-        servers_on_gpu = bool(r.vllm.gpus or r.layout) if r.engine == "vllm" else True
-        return "nccl" if trainer_on_cuda and servers_on_gpu else "gloo"
 
     def check_world_size(self, trainer_world_size: int) -> None:
         """Any number of trainer ranks up to the step's main-agent samples (prompts_per_step × n_samples).

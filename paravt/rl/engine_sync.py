@@ -16,10 +16,32 @@ from pathlib import Path
 
 from paravt.core.weight_sync import GatherError
 from paravt.engines.factory import build_engine
+from paravt.engines.weight_update import WeightUpdate
 from paravt.models import parallel
 from paravt.models.loading import resolve_dtype
 from paravt.models.stage_main import RunAborted
+from paravt.rl.config import RLConfig
 from paravt.rl.layout import discovered_servers
+
+
+def run_weight_update(cfg: RLConfig, trainer_on_cuda: bool) -> WeightUpdate:
+    """How weights reach the engine after a step: in memory (an in-process engine), or the backend's
+    transport of ``rollout.weight_sync`` (auto: the first it accepts) with its bucket size and group."""
+    r = cfg.rollout
+    b = r.backend()
+    transport = b.transports[0] if r.weight_sync == "auto" or "state_dict" in b.transports else r.weight_sync
+    if transport == "state_dict":
+        return WeightUpdate.in_memory()
+    if transport == "disk":
+        return WeightUpdate.from_disk(r.sync_timeout_s)
+    backend = r.sync_backend
+    if backend == "auto":  # NCCL needs CUDA on both sides (the CPU vLLM build has none)
+        _, settings = r.launch_settings()
+        # under a layout the servers take the GPUs of their nodes (the settings' gpus are not read)
+        servers_on_gpu = not b.gpus_need_cuda or bool(r.layout or (settings is not None and settings.gpus))
+        backend = "nccl" if trainer_on_cuda and servers_on_gpu else "gloo"
+    return WeightUpdate.broadcast(backend, r.sync_address, r.bucket_mb, r.sync_timeout_s,
+                                  join_timeout_s=r.control_timeout_s)
 
 
 def prune_weight_dirs(root: Path, keep: int) -> list[Path]:
@@ -36,8 +58,9 @@ def prune_weight_dirs(root: Path, keep: int) -> list[Path]:
 
 
 class RolloutEngineMixin:
-    """Needs the trainer's ``cfg``, ``d`` (its DistInfo), ``actor``, ``processor``, ``out``,
-    ``global_step`` and ``save()``."""
+    """Needs the trainer's ``cfg``, ``dist`` (its DistInfo), ``actor``, ``processor``, ``out``,
+    ``global_step``, ``update`` (the run's :class:`~paravt.engines.weight_update.WeightUpdate`,
+    :func:`run_weight_update`) and ``save()``."""
 
     def _start_engine(self, weights: str) -> None:
         """Rank 0: the engine (``rollout.engine``) loaded with ``weights``; servers launched and healthy."""
@@ -46,30 +69,26 @@ class RolloutEngineMixin:
         found = discovered_servers() if r.layout else None
         replicas = 0 if found is not None else r.replicas
         # the launch settings also name the served model and its reload method, for servers launched elsewhere too
-        server = {"sglang": r.server, "vllm": r.vllm}.get(r.engine)
+        _, server = r.launch_settings()
         if server is not None and replicas and not server.log_file:
             server = dataclasses.replace(server, log_file=str(self.out / f"rollout_{r.engine}.log"))
         router = None
-        if r.router and r.engine == "vllm":
+        if r.router and r.backend().routed:
             from paravt.engines.router import RouterConfig  # noqa: PLC0415
 
             router = RouterConfig(log_file=str(self.out / "rollout_router.log"))
         self.handle = build_engine(r.engine, weights, self.processor, dtype=r.dtype, seed=self.cfg.seed,
                                    batch_wait_s=r.batch_wait_s, server=server, urls=[*(found or []), *r.urls],
                                    replicas=replicas, log_file=self.out / "rollout_server.log",
-                                   weight_version=self.global_step, router=router)
+                                   weight_version=self.global_step, router=router, weight_update=self.update)
         self.handle.control_timeout_s = r.control_timeout_s
         self.handle.load_timeout_s = r.sync_timeout_s
         self.handle.verify_first_push = r.verify_first_push
-        if self.cfg.sync_mode() == "broadcast":
-            from paravt.engines.weight_push import BroadcastPush  # noqa: PLC0415
-
-            self.handle.broadcaster = BroadcastPush(self.cfg.sync_backend(self.d.device.type == "cuda"),
-                                                    r.sync_address, r.sync_timeout_s,
-                                                    join_timeout_s=r.control_timeout_s)
 
     def _push_weights(self, version: int) -> float:
         """The actor's weights → the engine, tagged ``version``. Collective: every rank calls it.
+
+        ``self.update.transport`` says which:
 
         * ``state_dict`` (in-process engine): the full state dict, handed over in memory.
         * ``broadcast`` (servers): buckets of parameters gathered one by one from the FSDP2 shards,
@@ -81,17 +100,17 @@ class RolloutEngineMixin:
         A push that fails (a server died, rejected the weights, or the transfer stalled past
         ``rollout.sync_timeout_s``) checkpoints and ends the run: :class:`RunAborted`, exit 3."""
         t0 = time.perf_counter()
-        mode = self.cfg.sync_mode()
+        mode = self.update.transport
         dtype = resolve_dtype(self.cfg.trainer.dtype)  # bf16 for the 8B: half the bytes of fp32
         err = None
         if mode == "state_dict":
             sd = parallel.full_state_dict(self.actor)
-            if self.d.is_main:
+            if self.dist.is_main:
                 self.handle.push_weights(sd, version)
         elif mode == "broadcast":
-            buckets = parallel.weight_buckets(self.actor, dtype, self.cfg.rollout.bucket_mb << 20, self.d.is_main)
+            buckets = parallel.weight_buckets(self.actor, dtype, self.update.bucket_bytes, self.dist.is_main)
             try:
-                if self.d.is_main:
+                if self.dist.is_main:
                     err = self._try_push(buckets, version)
                 buckets.drain()  # the other ranks' gathers of the buckets a failed push did not send
             except GatherError as exc:
@@ -99,14 +118,14 @@ class RolloutEngineMixin:
                 # no collective (not even a checkpoint) can follow. Exit 3 at once: torchrun ends the
                 # other ranks, the launcher reports this line, and the newest complete checkpoint
                 # resumes the run.
-                raise RunAborted(f"rank {self.d.rank}: the weight push of version {version} failed {exc}; the "
+                raise RunAborted(f"rank {self.dist.rank}: the weight push of version {version} failed {exc}; the "
                                  f"trainer ranks' collectives are out of step, so the newest complete checkpoint "
                                  f"(resume=auto) is where the run continues", collectives_broken=True,
                                  consequence=exc.from_peer) from None
         else:
-            path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.d,
+            path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.dist,
                                       dtype=dtype)
-            if self.d.is_main:
+            if self.dist.is_main:
                 err = self._try_push(path, version)
                 prune_weight_dirs(self.out / "weights", keep=self.cfg.grpo.max_staleness + 1)
         if mode != "state_dict":

@@ -57,8 +57,7 @@ log = logging.getLogger("paravt.rl.gtr")
 
 BUFFER_FILE = "gtr_buffer.json"
 
-from paravt.rl.gtr_correctors import (Corrector, LLMCorrector, OracleCorrector, TurnState,  # noqa: F401
-                                      Verdict, first_thought, parse_verdict, turn_states)
+from paravt.rl.gtr_correctors import Corrector, LLMCorrector, OracleCorrector, first_thought, turn_states
 
 
 # ---------------------------------------------------------------------------------------

@@ -40,8 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-SERVER_ENGINES = ("sglang", "vllm", "hf_server")
-HF_SERVER_START_S = 300.0  # paravt.engines.factory.start_hf_server's health bound
+HF_SERVER_START_S = 300.0  # paravt.engines.backends.start_hf_server's health bound
 _PART = re.compile(r"(train):(\d+)|(rollout):(\d+)(?:x(\d+))?")
 
 
@@ -64,6 +63,13 @@ class Node:
 
     def __str__(self) -> str:
         return "+".join(f"{k}:{n}" + (f"x{t}" if t > 1 else "") for k, n, t in self.parts)
+
+
+def _server_engines() -> list[str]:
+    """The rollout engines whose servers a node's launcher can start: those with servers to control."""
+    from paravt.engines.registry import backend_names, get_backend  # noqa: PLC0415
+
+    return [n for n in backend_names(rollout_only=True) if get_backend(n).control is not None]
 
 
 def check_layout(text: str, *, engine: str | None = None, urls: list[str] | tuple = (), nnodes: int | None = None,
@@ -103,10 +109,11 @@ def check_layout(text: str, *, engine: str | None = None, urls: list[str] | tupl
         bad("node 0 runs no trainer rank: it hosts torchrun's rendezvous at MASTER_ADDR, so give it train:N "
             "(a node that only serves comes after it)")
     serving = any(n.count("rollout") for n in nodes)
-    if engine is not None and serving and engine not in SERVER_ENGINES:
-        bad(f"rollout parts start servers of rollout.engine, which must then be {', '.join(SERVER_ENGINES)}, "
+    servers = _server_engines()
+    if engine is not None and serving and engine not in servers:
+        bad(f"rollout parts start servers of rollout.engine, which must then be {', '.join(servers)}, "
             f"not {engine!r}")
-    if engine in SERVER_ENGINES and not serving and not urls:
+    if engine in servers and not serving and not urls:
         bad(f"no node has a rollout part and rollout.urls is empty: rollout.engine={engine} has no server")
     for i, n in enumerate(nodes):
         if ngpu and n.gpus > ngpu:
@@ -164,11 +171,11 @@ def plan(cfg: Any, ngpu: int, env: Mapping[str, str] = os.environ) -> Plan:
     node = int(env.get("NODE_RANK") or 0) if nnodes > 1 else 0
     nproc_env = int(env["NPROC"]) if env.get("NPROC") else None
     ids = [x for x in env.get("PARAVT_VISIBLE_DEVICES", "").split(",") if x.strip()] or [str(i) for i in range(ngpu)]
-    start_s = {"sglang": r.server.startup_timeout_s, "vllm": r.vllm.startup_timeout_s}.get(r.engine, HF_SERVER_START_S)
+    key, settings = r.launch_settings()
+    start_s = settings.startup_timeout_s if settings is not None else HF_SERVER_START_S
     timeout_s = read_number(env, "SERVERS_TIMEOUT", read_number(env, "RDZV_TIMEOUT", 300) + start_s)
     if not r.layout:
-        key = {"sglang": "server", "vllm": "vllm"}.get(r.engine)
-        rollout = list(getattr(r, key).gpus) if key and r.replicas else []
+        rollout = list(settings.gpus) if settings is not None and r.replicas else []
         gpus = trainer_gpus(ngpu, rollout, ids if ngpu else [], node) if ngpu else []
         if ngpu and not gpus:
             raise ValueError(f"rollout.{key}.gpus={rollout} takes all {ngpu} GPUs of node 0, where trainer rank 0 "

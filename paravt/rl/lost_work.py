@@ -14,8 +14,8 @@ from paravt.rl.rollout import RolloutBatch
 
 
 class LostWorkMixin:
-    """Needs the trainer's ``cfg``, ``ckpt_root``, ``global_step``, ``save()``, ``bad_steps`` (0) and
-    ``first_bad_error`` (None)."""
+    """Needs the trainer's ``cfg``, ``dist`` (its DistInfo), ``ckpt_root``, ``global_step``, ``save()``,
+    ``bad_steps`` (0) and ``first_bad_error`` (None)."""
 
     def _check_lost_work(self, batch: RolloutBatch | None) -> None:
         """Stop rather than train on nothing. A step is bad when it skipped more than
@@ -48,7 +48,7 @@ class LostWorkMixin:
         """A run whose last steps lost work (fewer than ``rollout.max_bad_steps`` of them, so the
         abort never fired: a short run, a failure near the end) ends with exit 3, never as a success;
         its checkpoint holds the weights trained so far. Collective."""
-        bad, err = parallel.broadcast_object((self.bad_steps, self.first_bad_error) if self.d.is_main else None)
+        bad, err = parallel.broadcast_object((self.bad_steps, self.first_bad_error) if self.dist.is_main else None)
         if not bad or self.global_step < self.cfg.max_steps:
             return
         done = parallel.latest_complete(self.ckpt_root)

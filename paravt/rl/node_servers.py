@@ -32,15 +32,15 @@ class _HFServer:
         self.proc = None
 
     def start(self) -> "_HFServer":
-        from paravt.engines.factory import start_hf_server  # noqa: PLC0415
+        from paravt.engines.backends import start_hf_server  # noqa: PLC0415
 
         self.proc, _ = start_hf_server(self.model, self.dtype, self.port, self.log_file, host=self.host)
         return self
 
     def stop(self) -> None:
-        from paravt.engines.factory import EngineHandle  # noqa: PLC0415
+        from paravt.engines.factory import stop_processes  # noqa: PLC0415
 
-        EngineHandle("hf_server", None, processes=[self.proc] if self.proc else []).stop()
+        stop_processes([self.proc] if self.proc else [])
 
 
 class _Held(threading.Thread):
@@ -67,22 +67,21 @@ def node_servers(cfg: Any, p: Plan, host: str) -> list[tuple[Any, int]]:
     """This node's servers (not started) and their ports, listening on ``host``; logs under output_dir,
     one per server and node."""
     r, out = cfg.rollout, Path(cfg.output_dir)
-    if r.engine == "hf_server":
+    _, base = r.launch_settings()
+    if base is None:  # a server launched from the model alone (hf_server)
         from paravt.models.parallel import free_port  # noqa: PLC0415
 
         ports = [free_port() for _ in p.servers]
         return [(_HFServer(cfg.model_path, r.dtype, port, out / f"rollout_server_node{p.node_rank}_{i}.log", host), port)
                 for i, port in enumerate(ports)]
     from paravt.engines.factory import replica_configs  # noqa: PLC0415
-    from paravt.engines.sglang import SGLangServer  # noqa: PLC0415
-    from paravt.engines.vllm import VLLMServer  # noqa: PLC0415
 
-    base = r.server if r.engine == "sglang" else replace(r.vllm, rollout=True)
+    b = r.backend()
+    base = replace(base, **b.rollout_settings)
     log = Path(base.log_file) if base.log_file else out / f"rollout_{r.engine}.log"
     base = replace(base, host=host, gpus=[g for s in p.servers for g in s], tp_size=len(p.servers[0]) or 1,
                    log_file=str(log.with_name(f"{log.stem}_node{p.node_rank}{log.suffix}")))
-    cls = SGLangServer if r.engine == "sglang" else VLLMServer
-    return [(cls(c), c.port) for c in replica_configs(base, len(p.servers), cfg.model_path)]
+    return [(b.server_class(c), c.port) for c in replica_configs(base, len(p.servers), cfg.model_path)]
 
 
 def _stop_line(code: int, line: str) -> int:

@@ -80,6 +80,10 @@ class PromptSchedule:
 
 
 def episode_config(cfg: RLConfig) -> EpisodeConfig:
+    """The episodes' runtime config: here the recipe's ``hierarchical_agent`` section
+    (:class:`~paravt.rl.config.HierarchicalAgentConfig`) becomes the episode's
+    :class:`~paravt.agent.episode.EpisodeConfig`, with the sampling settings of ``grpo`` and the
+    think prefix of ``paravt.constrained``."""
     a = cfg.hierarchical_agent
     return EpisodeConfig(prompt_mode=a.prompt_mode, prompt_source=a.prompt_source, max_turns=a.max_turns,
                          max_parallel=a.max_parallel,
@@ -140,32 +144,32 @@ class RolloutWorker:
         self.cfg, self.engine, self.processor, self.schedule = cfg, engine, processor, schedule
         self.judge, self.gtr = judge, gtr
         self.cache = OverviewCache(max_items=4 * cfg.grpo.prompts_per_step)
-        self.ecfg = episode_config(cfg)
-        self.tools = build_tools(self.ecfg.tools, crop=self.ecfg.crop)
+        self.episode_cfg = episode_config(cfg)
+        self.tools = build_tools(self.episode_cfg.tools, crop=self.episode_cfg.crop)
         self.parser = call_parser(self.tools.values())  # the rewards and metrics read calls as the episodes do
 
     def overview_images(self, sample_id: str, k: int) -> ImageInputs | None:
         """The K-frame overview the episodes of prompt ``sample_id`` saw (None: not a prompt of the schedule)."""
         s = next((x for x in self.schedule.samples if x.sample_id == sample_id), None)
-        return None if s is None else self.cache.get(s, k, self.ecfg, self.processor,
+        return None if s is None else self.cache.get(s, k, self.episode_cfg, self.processor,
                                                      [t.schema for t in self.tools.values()]).images
 
     async def collect(self, step: int) -> RolloutBatch:
-        cfg, g = self.cfg, self.cfg.grpo
+        cfg, grpo = self.cfg, self.cfg.grpo
         t0 = time.perf_counter()
         prompts = self.schedule.batch(step)
         # 1. nFrames gating: one K per prompt, a pure function of (seed, sample id).
         ks = [choose_k(s.sample_id, cfg.seed, cfg.paravt.gating.nframes_gating, cfg.paravt.gating.choices,
                        cfg.hierarchical_agent.nframes) for s in prompts]
         # 2. n episodes per prompt, all in flight at once (the engine batches them).
-        jobs, groups, kk = [], [], []
+        jobs, groups, episode_ks = [], [], []
         for gi, (s, k) in enumerate(zip(prompts, ks)):
-            for j in range(g.n_samples):
-                jobs.append(run_episode(s, self.engine, self.processor, self.ecfg, k,
+            for j in range(grpo.n_samples):
+                jobs.append(run_episode(s, self.engine, self.processor, self.episode_cfg, k,
                                         seed=stable_hash(cfg.seed, "rollout", step, gi, j), cache=self.cache,
                                         tools=self.tools))
                 groups.append(gi)
-                kk.append(k)
+                episode_ks.append(k)
         trajs = list(await asyncio.gather(*jobs, return_exceptions=True))
         # 2b. A prompt whose episodes lost work (its video does not decode, the engine or a sub-agent's
         # server failed) is skipped whole: its group's rewards would be biased. Counted and logged,
@@ -174,7 +178,7 @@ class RolloutWorker:
             if isinstance(t, BaseException):
                 if not isinstance(t, Exception):
                     raise t
-                trajs[i] = Trajectory(prompts[groups[i]].sample_id, kk[i], SequenceRecord(), end_reason="error",
+                trajs[i] = Trajectory(prompts[groups[i]].sample_id, episode_ks[i], SequenceRecord(), end_reason="error",
                                       error=f"{type(t).__name__}: {t}")
         lost = sorted({gi for t, gi in zip(trajs, groups) if t.faults})
         first = None
@@ -184,7 +188,8 @@ class RolloutWorker:
             log.warning("rollout step %d: skipped %d of %d prompt(s) that lost work (first: %s)", step, len(lost),
                         len(prompts), first)
             keep = [i for i, gi in enumerate(groups) if gi not in lost]
-            trajs, groups, kk = [trajs[i] for i in keep], [groups[i] for i in keep], [kk[i] for i in keep]
+            trajs, groups = [trajs[i] for i in keep], [groups[i] for i in keep]
+            episode_ks = [episode_ks[i] for i in keep]
         # 3. Rewards on the main agent's text as written (pure functions of paravt.rl.rewards.terms).
         knobs = cfg.paravt.knobs()
         rewards = []
@@ -194,9 +199,9 @@ class RolloutWorker:
             rewards.append(compute_reward(t.completion_text, s.answer, s.question_type, knobs, self.judge, executed,
                                           parser=self.parser))
         # 4. Advantages: (r + bias)·scale, clipped, group-normalised (batch norm here or per token later).
-        adv, extra = compute_advantages([r.total for r in rewards], groups, g.reward_bias, g.reward_scale,
-                                        g.group_norm, g.batch_adv_norm and g.adv_norm_level == "sequence",
-                                        g.reward_clip)
+        adv, extra = compute_advantages([r.total for r in rewards], groups, grpo.reward_bias, grpo.reward_scale,
+                                        grpo.group_norm, grpo.batch_adv_norm and grpo.adv_norm_level == "sequence",
+                                        grpo.reward_clip)
         # 5. Samples: the engine's exact ids, main-agent mask, engine logprobs. Errors are never trained on.
         samples: list[Sample] = []
         for t, a in zip(trajs, adv.tolist()):
@@ -208,7 +213,8 @@ class RolloutWorker:
                 for sub in t.subagents:
                     seq = sub.sequence
                     samples.append(Sample(seq.input_ids, seq.loss_mask, seq.logprobs, seq.images, a, "subagent"))
-        metrics = rollout_metrics(trajs, rewards, kk, extra["frac_reward_zero_std"], self.parser) if trajs else {}
+        metrics = rollout_metrics(trajs, rewards, episode_ks, extra["frac_reward_zero_std"],
+                                  self.parser) if trajs else {}
         metrics.update({"rollout/skipped_prompts": len(lost), "rollout/skipped_fraction": len(lost) / max(1, len(prompts))})
         # 6. GTR (off by default): judge each turn's thought, correct the wrong ones, collapse metrics.
         corrections: list[Any] = []
@@ -227,13 +233,13 @@ class RolloutWorker:
 
     def _trajectory_records(self, step, trajs, rewards, prompts, groups) -> list[dict[str, Any]]:
         """A seeded random sample of the batch's episodes (not just the first group) for the viewer."""
-        lc = self.cfg.logging
+        log_cfg = self.cfg.logging
         picked = sorted(random.Random(stable_hash(self.cfg.seed, "trajectories", step)).sample(
-            range(len(trajs)), min(lc.save_trajectories, len(trajs))))
+            range(len(trajs)), min(log_cfg.save_trajectories, len(trajs))))
         recs = []
         for i in picked:
             t, r, s = trajs[i], rewards[i], prompts[groups[i]]
-            rec = t.redacted(thumbnails=lc.trajectory_thumbnails)
+            rec = t.redacted(thumbnails=log_cfg.trajectory_thumbnails)
             rec.update({"step": step, "reward": r.to_dict(), "score": r.acc, "answer": s.answer,
                         "question": s.question, "question_type": s.question_type, "span": s.extra.get("span")})
             recs.append(rec)

@@ -43,7 +43,7 @@ from paravt.rl.config import RLConfig
 from paravt.rl.grpo import StepStats, batch_token_advantages, gtr_objective, policy_tokens, sample_loss, sft_nll
 from paravt.rl.logps import forward_logps
 from paravt.rl.packing import average_gradients, bins, equalize, packed_logps, padding_sample, split_by_tokens
-from paravt.rl.engine_sync import RolloutEngineMixin
+from paravt.rl.engine_sync import RolloutEngineMixin, run_weight_update
 from paravt.rl.lost_work import LostWorkMixin
 from paravt.rl.rollout import PromptSchedule, RolloutBatch, RolloutProducer, RolloutWorker, Sample
 
@@ -59,9 +59,11 @@ GTR_CURVES = ["gtr/corrected_fraction", "gtr/valid_thought_fraction", "gtr/thoug
 class RLTrainer(RolloutEngineMixin, LostWorkMixin):
     def __init__(self, cfg: RLConfig):
         self.cfg = cfg
-        self.d = parallel.init_distributed()
-        cfg.check_world_size(self.d.world_size)
-        seed_everything(cfg.seed + self.d.rank)
+        self.dist = parallel.init_distributed()
+        cfg.check_world_size(self.dist.world_size)
+        # how each policy version reaches the engine
+        self.update = run_weight_update(cfg, self.dist.device.type == "cuda")
+        seed_everything(cfg.seed + self.dist.rank)
         self.out = Path(cfg.output_dir)
         self.ckpt_root = self.out / "checkpoints"
         self.processor = load_processor(cfg.model_path, cfg.hierarchical_agent.crop.min_pixels,
@@ -76,20 +78,20 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         ref_path = cfg.ref_model_path or cfg.model_path
         if cfg.trainer.strategy == "fsdp2":
             # Sharded start-up: rank 0 reads each checkpoint, every rank keeps its shards (parallel.load_fsdp2).
-            actor = parallel.load_fsdp2(cfg.model_path, self.d, dtype="float32", attn_implementation=attn,
+            actor = parallel.load_fsdp2(cfg.model_path, self.dist, dtype="float32", attn_implementation=attn,
                                         compute_dtype=compute, prepare=prepare_actor, sharded=cfg.trainer.sharded_init)
-            ref = parallel.load_fsdp2(ref_path, self.d, dtype=cfg.trainer.dtype, attn_implementation=attn,
+            ref = parallel.load_fsdp2(ref_path, self.dist, dtype=cfg.trainer.dtype, attn_implementation=attn,
                                       prepare=lambda m: m.requires_grad_(False), sharded=cfg.trainer.sharded_init) \
                 if cfg.grpo.kl_coef > 0 else None
         else:
             actor = load_model(cfg.model_path, dtype="float32", attn_implementation=attn)
             prepare_actor(actor)
-            actor.to(self.d.device)
+            actor.to(self.dist.device)
             ref = None
             if cfg.grpo.kl_coef > 0:
                 ref = load_model(ref_path, dtype=cfg.trainer.dtype, attn_implementation=attn)
                 ref.requires_grad_(False)
-                ref.to(self.d.device)
+                ref.to(self.dist.device)
         if ref is not None:
             ref.eval()
         self.image_token_id = actor.config.image_token_id
@@ -97,7 +99,8 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         self.actor, self.ref = actor, ref
         self.optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=cfg.optim.lr,
                                            betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
-                                           weight_decay=cfg.optim.weight_decay, **parallel.adamw_kwargs(self.d.device))
+                                           weight_decay=cfg.optim.weight_decay,
+                                           **parallel.adamw_kwargs(self.dist.device))
         self.global_step = 0  # completed steps (= the policy version the engine should hold)
         self.bad_steps = 0  # rank 0: consecutive steps that lost more than rollout.max_skipped_fraction
         self.first_bad_error: str | None = None
@@ -105,9 +108,9 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         self.gtr = None
         if cfg.gtr.mode != "off":
             from paravt.rl.gtr import GTR  # noqa: PLC0415
-            self.gtr = GTR(cfg, self.processor, is_main=self.d.is_main)
+            self.gtr = GTR(cfg, self.processor, is_main=self.dist.is_main)
         self.schedule = self.judge = None
-        if self.d.is_main:
+        if self.dist.is_main:
             rows, report = load_rl_rows(cfg.train_data)
             log.info("RL data: %s", report.summary())
             self.data_report = report.to_dict()
@@ -144,31 +147,31 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         """PPO (+ KL) over the step's ``samples`` and λ·NLL over its ``sft_samples`` (GTR); every rank holds both
         whole lists. ``ppo_minibatches`` optimizer steps on minibatches of the whole list (the same at any world
         size), each split over the ranks by tokens; the objective is normalised by the step's policy tokens."""
-        g, w = self.cfg.grpo, self.d.world_size
+        grpo, world = self.cfg.grpo, self.dist.world_size
         n_rl, n_sft = policy_tokens(samples), policy_tokens(sft_samples)
         if n_rl == 0 and n_sft == 0:  # nothing to learn from (every prompt of the step was skipped): no step at all
             return {"ppo/optimizer_skipped": 1.0, "ppo/tokens": 0.0}
         self.actor.train()
         pad = padding_sample(list(samples) + list(sft_samples))
-        mbs = [split_by_tokens(samples[i::g.ppo_minibatches], w) for i in range(g.ppo_minibatches)]
+        mbs = [split_by_tokens(samples[i::grpo.ppo_minibatches], world) for i in range(grpo.ppo_minibatches)]
         owner = {id(s): r for mb in mbs for r, part in enumerate(mb) for s in part}
-        owned = [[s for s in samples if owner[id(s)] == r] for r in range(w)]  # each rank's samples of the step
-        prox = self._score(self.actor, owned, pad) if g.ppo_minibatches > 1 else {}  # before this step's updates
+        owned = [[s for s in samples if owner[id(s)] == r] for r in range(world)]  # each rank's samples of the step
+        prox = self._score(self.actor, owned, pad) if grpo.ppo_minibatches > 1 else {}  # before this step's updates
         token_adv, kl_reward = self._token_advantages(owned, pad)
         stats = StepStats(kl_reward=kl_reward)
 
-        def backward(rl_sum, nll_sum) -> None:  # ×w: FSDP (and average_gradients) average the ranks' gradients
-            (w * gtr_objective(rl_sum, n_rl, nll_sum, n_sft, self.cfg.gtr.sft_weight)).backward()
+        def backward(rl_sum, nll_sum) -> None:  # ×world: FSDP (and average_gradients) average the ranks' gradients
+            (world * gtr_objective(rl_sum, n_rl, nll_sum, n_sft, self.cfg.gtr.sft_weight)).backward()
 
         for i, parts in enumerate(mbs):
             for pack in self._rank_packs(parts, pad):
                 backward(self._ppo_loss(pack, prox, token_adv, stats), 0.0)
             if i == 0:  # GTR: λ·NLL joins the first optimizer step
-                for pack in self._rank_packs(split_by_tokens(list(sft_samples), w), pad):
+                for pack in self._rank_packs(split_by_tokens(list(sft_samples), world), pad):
                     backward(0.0, self._nll(pack, stats))
             grad_norm = self._optimizer_step()
         stats = stats.reduce(parallel.all_reduce_sum_tensor, parallel.all_reduce_max)
-        return stats.metrics(grad_norm, bool(g.rollout_is or g.rollout_rs),
+        return stats.metrics(grad_norm, bool(grpo.rollout_is or grpo.rollout_rs),
                              self.gtr is not None and self.cfg.gtr.mode == "train")
 
     def _ppo_loss(self, pack: list[Sample], prox: dict, token_adv: dict, stats: StepStats) -> torch.Tensor:
@@ -197,7 +200,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
 
     def _optimizer_step(self) -> float:
         """Gradients averaged over the ranks where FSDP does not (``trainer.strategy=none``), clipped, applied."""
-        if self.cfg.trainer.strategy == "none" and self.d.world_size > 1:
+        if self.cfg.trainer.strategy == "none" and self.dist.world_size > 1:
             average_gradients(self.actor.parameters())
         norm = parallel.clip_grad_norm(self.actor.parameters(), self.cfg.optim.grad_clip)
         self.optimizer.step()
@@ -209,7 +212,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         g = self.cfg.grpo
         kl_reward = g.kl_mode == "reward_k1" and g.kl_coef > 0 and self.ref is not None
         refs = self._score(self.ref, owned, pad) if kl_reward else None
-        return batch_token_advantages(owned[self.d.rank], refs, g.kl_coef, g.batch_adv_norm and g.adv_norm_level == "token",
+        return batch_token_advantages(owned[self.dist.rank], refs, g.kl_coef, g.batch_adv_norm and g.adv_norm_level == "token",
                                       parallel.all_reduce_sum)
 
     @torch.no_grad()
@@ -227,7 +230,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         varlen = self.actor.config._attn_implementation in VARLEN_IMPLEMENTATIONS
         budget = self.cfg.trainer.pack_tokens if varlen else 0
         packs = [bins(p, budget) if budget > 0 else [[s] for s in p] for p in parts]
-        return equalize(packs[self.d.rank], max(map(len, packs)), pad)
+        return equalize(packs[self.dist.rank], max(map(len, packs)), pad)
 
     def _logps(self, model, pack: list[Sample], with_entropy: bool = False, temperature: float | None = None):
         """[(log p, entropy or None)] of each sample of ``pack`` from one forward (:mod:`paravt.rl.packing`), at the
@@ -236,9 +239,9 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         pos = [[t for t, m in enumerate(s.loss_mask[1:]) if m] for s in pack]
         if len(pack) == 1:
             return [forward_logps(model, pack[0].input_ids, pack[0].images, self.processor, self.image_token_id,
-                                  self.vision_ids, temp, self.d.device, positions=pos[0], with_entropy=with_entropy)]
-        return packed_logps(model, pack, self.processor, self.image_token_id, self.vision_ids, temp, self.d.device, pos,
-                            with_entropy)
+                                  self.vision_ids, temp, self.dist.device, positions=pos[0], with_entropy=with_entropy)]
+        return packed_logps(model, pack, self.processor, self.image_token_id, self.vision_ids, temp, self.dist.device,
+                            pos, with_entropy)
 
     def _forward_logps(self, model, s: Sample, temperature: float | None = None,
                        with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -249,13 +252,14 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
     def save(self) -> Path:
         path = parallel.step_dir(self.ckpt_root, self.global_step)
         state = {"step": self.global_step, "config": asdict(self.cfg)}
-        parallel.save_resumable(path, self.actor, self.optimizer, state, self.d)
+        parallel.save_resumable(path, self.actor, self.optimizer, state, self.dist)
         # The HF export in the trainer's dtype (bf16 for the 8B: ~17.5 GB, not fp32's ~35 GB); the fp32 master
         # weights and the optimizer state are in the sharded DCP checkpoint beside it.
-        parallel.export_hf(self.actor, self.processor, path / "hf", self.d, dtype=resolve_dtype(self.cfg.trainer.dtype))
-        if self.gtr is not None and self.d.is_main:
+        parallel.export_hf(self.actor, self.processor, path / "hf", self.dist,
+                           dtype=resolve_dtype(self.cfg.trainer.dtype))
+        if self.gtr is not None and self.dist.is_main:
             self.gtr.save(path)
-        parallel.mark_complete(path, self.d, self.cfg.keep_last)
+        parallel.mark_complete(path, self.dist, self.cfg.keep_last)
         return path
 
     def _resume(self) -> str:
@@ -266,11 +270,11 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         path = parallel.latest_complete(self.ckpt_root) if r == "auto" else Path(r)
         if path is None:
             return self.cfg.model_path
-        state, _ = parallel.load_resumable(path, self.actor, self.optimizer, self.d)
+        state, _ = parallel.load_resumable(path, self.actor, self.optimizer, self.dist)
         self.global_step = state["step"]
         if self.gtr is not None:
             self.gtr.load(path)
-        if self.d.is_main:
+        if self.dist.is_main:
             log.info("resumed from %s at step %d", path, self.global_step)
         return str(path / "hf")
 
@@ -294,14 +298,14 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         cfg = self.cfg
         weights = self._resume()
         self.out.mkdir(parents=True, exist_ok=True)
-        if self.d.is_main:  # records of steps after the checkpoint are redone: drop them, never double them
+        if self.dist.is_main:  # records of steps after the checkpoint are redone: drop them, never double them
             trim_jsonl(self.out / "trajectories.jsonl", lambda r: r.get("step", 0) < self.global_step)
         producer = None
         r = cfg.rollout
         start_s = max(r.server.startup_timeout_s, r.vllm.startup_timeout_s) * max(1, r.replicas) + 600
         start_s = max(start_s, float(os.environ.get("PARAVT_SERVERS_TIMEOUT") or 0) + 600)  # a layout's discovery
         try:
-            if self.d.is_main:
+            if self.dist.is_main:
                 try:
                     self._start_engine(weights)
                 except Exception as exc:  # the other ranks end with this line, not with a collective's timeout
@@ -314,7 +318,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
             # servers this run did not launch (rollout.urls, a layout's) hold unknown weights: push this run's first
             if cfg.rollout.urls or cfg.rollout.layout:
                 self._push_weights(self.global_step)
-            producer = self._start_rollouts() if self.d.is_main else None
+            producer = self._start_rollouts() if self.dist.is_main else None
             para = cfg.paravt.anchoring.weight > 0 or cfg.paravt.gating.nframes_gating  # else vanilla GRPO
             with TrainLoop(self, "para-grpo" if para else "grpo") as loop:
                 while self.global_step < cfg.max_steps:
@@ -327,10 +331,10 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
                     if batch is not None:
                         producer.set_version(self.global_step)
                         append_jsonl(self.out / "trajectories.jsonl", batch.trajectories)
-                    loop.log(m if self.d.is_main else None, self.global_step, {
+                    loop.log(m if self.dist.is_main else None, self.global_step, {
                         "R": f"{m.get('reward/total', 0):.2f}", "acc": f"{m.get('reward/acc', 0):.2f}",
                         "fmt": f"{m.get('format/compliance', 0):.2f}",
-                        "tools": f"{m.get('tools/call_frequency', 0):.2f}"} if self.d.is_main else None)
+                        "tools": f"{m.get('tools/call_frequency', 0):.2f}"} if self.dist.is_main else None)
                     if self.global_step % cfg.save_every == 0 or self.global_step == cfg.max_steps:
                         self.save()
                     if until is not None and self.global_step >= until:

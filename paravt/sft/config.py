@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from paravt.core.config import check_dtype, check_run_paths, require
+from paravt.agent.tools import Decoder
+from paravt.core.config import check_choices, check_dtype, check_run_paths, choice, require
+
+Scheduler = Literal["cosine", "constant"]
+Strategy = Literal["fsdp2", "deepspeed", "ddp", "none"]
 
 
 @dataclass
@@ -16,7 +21,7 @@ class VideoSamplingConfig:
     min_pixels: int = 784  # per-frame lower pixel bound (smart resize)
     max_pixels: int = 50176  # per-frame upper pixel bound (smart resize)
     factor: int = 32  # frame sides rounded to multiples of this (patch x merge)
-    decoder: str = "pyav"  # pyav (keyframe seeks, frame-exact) | decord (the design's); same frames either way
+    decoder: str = choice(Decoder)  # pyav (keyframe seeks, frame-exact) | decord (the design's); same frames either way
     # Videos kept open, each with the frames already decoded and resized from it (least recently used closed
     # first). A data set with more videos than this reopens, re-probes and re-decodes a video for nearly every
     # row; one with fewer decodes each frame once per run. Memory: up to FRAME_CACHE_ITEMS resized frames per
@@ -24,8 +29,7 @@ class VideoSamplingConfig:
     open_videos: int = 16
 
     def __post_init__(self):
-        if self.decoder not in ("pyav", "decord"):
-            raise ValueError(f"video.decoder must be 'pyav' or 'decord', got {self.decoder!r}")
+        check_choices(self, "video")
         if self.open_videos < 1:
             raise ValueError(f"video.open_videos must be >= 1, got {self.open_videos}")
 
@@ -44,7 +48,7 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
     eps: float = 1e-8  # AdamW epsilon
     weight_decay: float = 0.01  # AdamW weight decay (not on norms/biases)
-    scheduler: str = "cosine"  # cosine | constant
+    scheduler: str = choice(Scheduler)  # cosine | constant
     warmup_ratio: float = 0.05  # linear warm-up as a fraction of the planned schedule
     # Steps the warm-up + cosine is planned over (None: max_steps). The authors plan 1500 steps
     # (1 epoch) and release step 500, where the cosine is unfinished (lr ~0.8x peak).
@@ -58,8 +62,7 @@ class OptimConfig:
     freeze_lm_head: bool = False
 
     def __post_init__(self):
-        if self.scheduler not in ("cosine", "constant"):
-            raise ValueError(f"optim.scheduler must be cosine or constant, got {self.scheduler!r}")
+        check_choices(self, "optim")
         if not (self.lr > 0 and 0 <= self.warmup_ratio < 1):
             raise ValueError("optim.lr must be > 0 and optim.warmup_ratio in [0, 1)")
         if self.schedule_steps is not None and self.schedule_steps < 1:
@@ -68,13 +71,12 @@ class OptimConfig:
 
 @dataclass
 class DistConfig:
-    strategy: str = "fsdp2"  # fsdp2 | deepspeed | ddp | none
+    strategy: str = choice(Strategy)  # fsdp2 | deepspeed | ddp | none
     zero_stage: int = 3  # DeepSpeed ZeRO stage (strategy=deepspeed)
     reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (memory for comms)
 
     def __post_init__(self):
-        if self.strategy not in ("fsdp2", "deepspeed", "ddp", "none"):
-            raise ValueError(f"dist.strategy must be fsdp2, deepspeed, ddp or none, got {self.strategy!r}")
+        check_choices(self, "dist")
 
 
 @dataclass

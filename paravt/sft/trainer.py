@@ -98,18 +98,18 @@ def token_ce_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, i
 class SFTTrainer:
     def __init__(self, cfg: SFTConfig):
         self.cfg = cfg
-        self.d = parallel.init_distributed()
-        self.split = cfg.step_split(self.d.world_size)  # a combination it cannot run: one line, nothing loaded
-        if self.d.is_main:
+        self.dist = parallel.init_distributed()
+        self.split = cfg.step_split(self.dist.world_size)  # a combination it cannot run: one line, nothing loaded
+        if self.dist.is_main:
             (log.warning if self.split.fillers else log.info)("SFT step: %s", self.split.describe())
         self._filler = None  # a collated micro-batch of this rank for zero-weight passes (uneven splits only)
-        seed_everything(cfg.seed + self.d.rank)
+        seed_everything(cfg.seed + self.dist.rank)
         self.out = Path(cfg.output_dir)
         self.ckpt_root = self.out / "checkpoints"
         self.processor = load_processor(cfg.model_path, cfg.video.min_pixels, cfg.video.max_pixels)
         self.tokenizer = self.processor.tokenizer
         compute = resolve_dtype(cfg.dtype)
-        if self.d.device.type == "cpu" and compute == torch.bfloat16:
+        if self.dist.device.type == "cpu" and compute == torch.bfloat16:
             log.warning("bf16 on CPU is ~2x slower than fp32 (measured on our 2-core CPUs); consider dtype=float32")
         attn = cfg.attn_implementation or default_attn_implementation()
         def prepare(m) -> None:
@@ -119,17 +119,17 @@ class SFTTrainer:
             if cfg.optim.freeze_lm_head:
                 freeze_lm_head(m)
 
-        s = cfg.dist.strategy
+        strategy = cfg.dist.strategy
         self.ds_engine = None
-        if s == "fsdp2":  # sharded start-up: rank 0 reads the checkpoint, each rank keeps its shards
-            model = parallel.load_fsdp2(cfg.model_path, self.d, dtype="float32", attn_implementation=attn,
+        if strategy == "fsdp2":  # sharded start-up: rank 0 reads the checkpoint, each rank keeps its shards
+            model = parallel.load_fsdp2(cfg.model_path, self.dist, dtype="float32", attn_implementation=attn,
                                         compute_dtype=compute, reshard_after_forward=cfg.dist.reshard_after_forward,
                                         prepare=prepare)
         else:
             model = load_model(cfg.model_path, dtype="float32", attn_implementation=attn)
             prepare(model)
-            model.to(self.d.device)
-            if s == "ddp" and self.d.world_size > 1:
+            model.to(self.dist.device)
+            if strategy == "ddp" and self.dist.world_size > 1:
                 model = torch.nn.parallel.DistributedDataParallel(model)
         inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
         self.rope_index = inner.model.get_rope_index
@@ -138,9 +138,9 @@ class SFTTrainer:
         self.optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.vision_lr_scale,
                                                         cfg.optim.lr), lr=cfg.optim.lr,
                                            betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
-                                           **(parallel.adamw_kwargs(self.d.device) if s != "deepspeed" else {}))
+                                           **(parallel.adamw_kwargs(self.dist.device) if strategy != "deepspeed" else {}))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
-        if s == "deepspeed":
+        if strategy == "deepspeed":
             self._init_deepspeed(compute)
         self.global_step = 0
         self._copy = None  # (vocabulary, batch spec) of copy_aux, when on
@@ -158,8 +158,8 @@ class SFTTrainer:
         keep_open_videos(cfg.video.open_videos)  # a data set that fits decodes each frame once per run
         self.builder = ExampleBuilder(self.processor, cfg.video, cfg.max_length)
         self.stream = PackedStream(rows, self.builder, cfg.seed, cfg.max_length, cfg.packing, self.split.micro,
-                                   self.d.rank, self.d.world_size)
-        if self.d.is_main:
+                                   self.dist.rank, self.dist.world_size)
+        if self.dist.is_main:
             log.info("SFT data: %s; missing shards: %s", report.summary(), missing or "none")
 
     def _init_deepspeed(self, compute: torch.dtype) -> None:
@@ -185,14 +185,14 @@ class SFTTrainer:
             self.ds_engine.load_checkpoint(str(path / "deepspeed"))
             import json  # noqa: PLC0415
             state = json.loads((path / "trainer_state.json").read_text())
-            rank_state = torch.load(path / f"rank{self.d.rank}.pt", weights_only=False)
+            rank_state = torch.load(path / f"rank{self.dist.rank}.pt", weights_only=False)
             torch.set_rng_state(rank_state["torch_rng"])
         else:
-            state, rank_state = parallel.load_resumable(path, self.model, self.optimizer, self.d)
+            state, rank_state = parallel.load_resumable(path, self.model, self.optimizer, self.dist)
             self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = state["step"]
         self.stream.state = StreamState(**rank_state["stream"])
-        if self.d.is_main:
+        if self.dist.is_main:
             log.info("resumed from %s at step %d", path, self.global_step)
 
     def save(self) -> Path:
@@ -203,21 +203,21 @@ class SFTTrainer:
         if self.ds_engine is not None:
             path.mkdir(parents=True, exist_ok=True)
             self.ds_engine.save_checkpoint(str(path / "deepspeed"))
-            torch.save({"torch_rng": torch.get_rng_state(), **rank_extra}, path / f"rank{self.d.rank}.pt")
-            if self.d.is_main:
+            torch.save({"torch_rng": torch.get_rng_state(), **rank_extra}, path / f"rank{self.dist.rank}.pt")
+            if self.dist.is_main:
                 import json  # noqa: PLC0415
                 (path / "trainer_state.json").write_text(json.dumps(state, indent=2, default=str))
             self._export_ds(path / "hf")
         else:
-            parallel.save_resumable(path, self.model, self.optimizer, state, self.d, rank_extra)
-            parallel.export_hf(self.model, self.processor, path / "hf", self.d)
-        parallel.mark_complete(path, self.d, self.cfg.keep_last)
+            parallel.save_resumable(path, self.model, self.optimizer, state, self.dist, rank_extra)
+            parallel.export_hf(self.model, self.processor, path / "hf", self.dist)
+        parallel.mark_complete(path, self.dist, self.cfg.keep_last)
         return path
 
     def _export_ds(self, out: Path) -> None:
         sd = self.ds_engine._zero3_consolidated_16bit_state_dict() if self.cfg.dist.zero_stage == 3 else \
             self.ds_engine.module.state_dict()
-        if self.d.is_main:
+        if self.dist.is_main:
             out.mkdir(parents=True, exist_ok=True)
             self.ds_engine.module.save_pretrained(out, state_dict=dict(sd))
             self.processor.save_pretrained(out)
@@ -231,7 +231,7 @@ class SFTTrainer:
 
     def _pass(self, batch: dict[str, torch.Tensor], scale: float) -> float:
         """Forward and backward of one micro-batch, its loss ``scale`` x its cross-entropy sum; that sum."""
-        b = {k: v.to(self.d.device) for k, v in batch.items()}
+        b = {k: v.to(self.dist.device) for k, v in batch.items()}
         ce, _ = token_ce_sum(self.model, b)
         loss = ce * scale
         if self.ds_engine is not None:
@@ -256,12 +256,12 @@ class SFTTrainer:
     def train_step(self) -> dict[str, Any]:
         cfg, split = self.cfg, self.split
         t0 = time.perf_counter()
-        micro = self.stream.step_batches(split.micro_sizes(self.d.rank, self.global_step))
+        micro = self.stream.step_batches(split.micro_sizes(self.dist.rank, self.global_step))
         batches = [self._collate(m) for m in micro]
         n_local = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
         copy_ce = self._copy_aux_step()
         n_global = parallel.all_reduce_sum(n_local)
-        scale = self.d.world_size / max(n_global, 1.0)  # FSDP/DDP average grads over ranks
+        scale = self.dist.world_size / max(n_global, 1.0)  # FSDP/DDP average grads over ranks
         self.model.train()
         ce_total = sum(self._pass(b, scale) for b in batches)
         for b in self._fillers(batches, split.passes - len(batches)):
@@ -285,7 +285,8 @@ class SFTTrainer:
                 "tokens_per_step": real, "micro_batches": split.passes, "filler_passes": split.fillers,
                 "rows_per_step": parallel.all_reduce_sum(len(flat)),
                 "padding_fraction": pad["padding_fraction"], "step_seconds": dt, "epoch": self.stream.state.epoch,
-                **({"copy_loss": parallel.all_reduce_sum(copy_ce) / self.d.world_size} if copy_ce is not None else {})}
+                **({"copy_loss": parallel.all_reduce_sum(copy_ce) / self.dist.world_size}
+                   if copy_ce is not None else {})}
 
     def _copy_aux_step(self) -> float | None:
         """Forward + backward of this step's copy batch (``copy_aux``), before the SFT micro-batches' own;
@@ -294,10 +295,10 @@ class SFTTrainer:
             return None
         from paravt.models.tiny import copy_batch, copy_loss  # noqa: PLC0415
 
-        g = torch.Generator().manual_seed(stable_hash(self.cfg.seed, "sft-copy-aux", self.d.rank, self.global_step))
+        g = torch.Generator().manual_seed(stable_hash(self.cfg.seed, "sft-copy-aux", self.dist.rank, self.global_step))
         ids, start = copy_batch(*self._copy, g)
         self.model.train()
-        loss = copy_loss(self.model, ids.to(self.d.device), start)
+        loss = copy_loss(self.model, ids.to(self.dist.device), start)
         (loss * self.cfg.copy_aux.weight).backward()
         return float(loss.detach())
 

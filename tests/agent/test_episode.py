@@ -5,6 +5,7 @@ import pytest
 
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
 from paravt.agent.tools import CropConfig, validate_window
+from paravt.agent.trajectory import SequenceRecord
 from paravt.data.schema import load_rl_rows
 from tests.helpers import ScriptedEngine, call
 
@@ -198,6 +199,18 @@ def test_validate_window():
                       ({"start_time": True, "end_time": 3.0}, "number"), ({"start_time": -5.0, "end_time": -1.0}, "empty")]:
         with pytest.raises(ValueError, match=msg):
             validate_window(args, 10)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: EpisodeConfig(prompt_source="file"), "prompt_source must be one of mode | row, got 'file'"),
+    (lambda: CropConfig(mode="zoom"), "crop.mode must be one of subagent | frames, got 'zoom'"),
+    (lambda: CropConfig(decoder="ffmpeg"), "crop.decoder must be one of pyav | decord, got 'ffmpeg'"),
+    (lambda: SequenceRecord().add([1], "user"), "role must be one of policy | context, got 'user'"),
+], ids=["prompt_source", "crop.mode", "crop.decoder", "role"])
+def test_a_bad_choice_is_one_line_naming_the_options(make, message):
+    with pytest.raises(ValueError) as e:
+        make()
+    assert str(e.value) == message
 
 
 def test_real_tiny_model_full_episodes(tiny, rows):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from paravt.data.synthetic import WorldConfig
+from paravt.data.synthetic.world import WorldConfig
 from paravt.analysis.probe import copy_stats
 
 

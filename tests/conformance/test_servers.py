@@ -15,8 +15,9 @@ from paravt.data.schema import load_rl_rows
 from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 from paravt.engines.base import SamplingParams
 from paravt.engines.openai import chat_payload, parse_chat_response
-from paravt.engines.sglang import (PAUSE_PAYLOAD, SGLangServerConfig, bucket_payload, collapse_image_pads, generate_payload,
-                                   init_group_payload, launch_command, parse_generate_response, update_from_disk_payload)
+from paravt.engines.sglang import SGLangServerConfig, launch_command
+from paravt.engines.sglang_protocol import (PAUSE_PAYLOAD, bucket_payload, collapse_image_pads, generate_payload,
+                                            init_group_payload, parse_generate_response, update_from_disk_payload)
 from tests.conformance.server_source import load_file_module, load_method, load_structs
 
 pytestmark = pytest.mark.conformance

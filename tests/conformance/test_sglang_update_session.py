@@ -316,6 +316,7 @@ def _run_checked(model, pushes):
 
     from paravt.core.weight_sync import WeightBuckets
     from paravt.engines.factory import EngineHandle
+    from paravt.engines.weight_update import WeightUpdate
 
     async def main():
         log: list = []
@@ -344,7 +345,8 @@ def _run_checked(model, pushes):
             return web.json_response(resp, status=200 if out.success else 400)
 
         srv, url = await _serve(mgr, io, log, {"/weights_checker": weights_checker})
-        handle = EngineHandle("sglang", None, url, broadcaster=_Transport(), verify_first_push=True)
+        handle = EngineHandle("sglang", None, url, broadcaster=_Transport(), verify_first_push=True,
+                              weight_update=WeightUpdate.broadcast("gloo"))
         errors = []
         try:
             for v in pushes:  # push_weights runs its own event loop: a thread, as the trainer calls it

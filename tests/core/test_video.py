@@ -4,7 +4,8 @@ import pytest
 from paravt.core.video import (crop_timestamps, overview_timestamps, probe, sample_crop, sample_fps, sample_overview,
                                smart_resize)
 from paravt.core.video_reader import VideoError
-from paravt.data.synthetic import WorldConfig, make_spec, render_frame, write_video
+from paravt.data.synthetic.render import render_frame, write_video
+from paravt.data.synthetic.world import WorldConfig, make_spec
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_event_frames_show_the_event_colour(video):
     assert [f.timestamp for f in frames] == crop_timestamps(80, 2.0, ev.start - 2, ev.end + 2)
     seen = [f for f in frames if ev.visible_at(f.timestamp)]
     assert seen, "the crop must contain the event"
-    from paravt.data.synthetic import COLOURS
+    from paravt.data.synthetic.world import COLOURS
     target = np.array(COLOURS[ev.colour])
     for f in seen:
         px = np.asarray(f.image).reshape(-1, 3).astype(int)

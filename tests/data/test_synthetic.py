@@ -8,7 +8,8 @@ import pytest
 from paravt.core.scoring import score
 from paravt.core.toolcall import ToolCallParser
 from paravt.data.schema import RowError, RLRow, load_rl_rows, load_sft_rows
-from paravt.data.synthetic import WorldConfig, build_world, make_spec
+from paravt.data.synthetic.world import WorldConfig, make_spec
+from paravt.data.synthetic.writer import build_world
 from paravt.data.tool_specs import CROP_VIDEO_SYNTAX
 
 parse_tool_calls = ToolCallParser([CROP_VIDEO_SYNTAX]).parse  # the calls the traces write
@@ -93,7 +94,7 @@ def test_expert_answers_score_well(world):
 
 def test_tool_necessity_gap():
     """Small K misses most events, K = 64 catches all (the world's design goal)."""
-    from paravt.data.synthetic import world_stats
+    from paravt.data.synthetic.writer import world_stats
     cfg = WorldConfig(seed=0, n_train_videos=0, n_eval_videos=60)
     specs = {"train": [], "eval": [make_spec(cfg, "eval", i) for i in range(60)]}
     vis = world_stats(specs, cfg)["eval_event_visible_in_overview"]
@@ -116,7 +117,7 @@ def test_perception_rows_are_short_windows_described_correctly(world):
     """paravt_perception_synth: 1-4 s sub-agent windows, two thirds on an event, and every
     summary names exactly the events visible at the frames the window samples."""
     from paravt.core.video import crop_timestamps
-    from paravt.data.synthetic import Event
+    from paravt.data.synthetic.world import Event
 
     specs = json.loads((world / "world.json").read_text())["videos"]
     rows, rep = load_sft_rows([world / "local" / "paravt_perception_synth.parquet"])
@@ -144,8 +145,7 @@ def test_reading_rows_answer_from_the_matching_report(world):
     copies the times and colour of the one report that shows the asked shape (never a guess)."""
     import re
 
-    from paravt.data.synthetic import reading_rows
-    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
+    from paravt.data.synthetic.traces import reading_rows
 
     rows, rep = load_sft_rows([world / "local" / "paravt_reading_synth.parquet"])
     assert rep.kept == rep.total == WorldConfig().reading_rows and all(not r.videos for r in rows)
@@ -188,8 +188,7 @@ def test_reading_rows_in_the_episode_format_are_text_only_episodes():
     user format, with no overview frames; the answer copies the report that shows the asked shape."""
     import re
 
-    from paravt.data.synthetic import reading_rows
-    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
+    from paravt.data.synthetic.traces import reading_rows
 
     with pytest.raises(ValueError, match="reading_format"):
         WorldConfig(reading_format="chat")
@@ -231,8 +230,7 @@ def test_episode_answer_rows_supervise_only_the_answer_through_the_real_loader(t
     """Written to parquet, loaded by load_sft_rows and built by the SFT ExampleBuilder (the path the
     trainer takes): the ids are those of the episode format, the labels only the last assistant turn."""
     from paravt.data.schema import DataError, load_sft_rows
-    from paravt.data.synthetic import reading_rows
-    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
+    from paravt.data.synthetic.traces import reading_rows
     from paravt.data.synthetic.writer import _write_parquet
     from paravt.sft.data import IGNORE, ExampleBuilder, VideoSamplingConfig
 
@@ -264,7 +262,7 @@ def test_shape_first_wording_puts_the_key_before_the_values():
     continuation of "The <shape> is" by copying; no earlier thought starts "The <shape> is"."""
     import re
 
-    from paravt.data.synthetic import expert_trajectory, lookup_example, reading_rows
+    from paravt.data.synthetic.traces import expert_trajectory, lookup_example, reading_rows
     from paravt.data.synthetic.world import QUESTION_TYPES, make_question
     from paravt.core.seeding import py_rng
 
@@ -360,7 +358,7 @@ def test_reports_without_shapes():
     """report_shapes=False: sub-agent reports (and perception rows) name the colour and "shape", never
     a shape; the main agent's thoughts still name the question's shape (copied from the question)."""
     from paravt.core.seeding import py_rng
-    from paravt.data.synthetic import expert_trajectory, short_window_rows
+    from paravt.data.synthetic.traces import expert_trajectory, short_window_rows
     from paravt.data.synthetic.world import SHAPES, make_question
 
     cfg = WorldConfig(max_events=1, report_shapes=False, coarse_window_s=30, crop_max_frames=30, min_duration=120,
@@ -398,8 +396,7 @@ def test_cli_preset_needle_sets_the_knobs_and_flags_override(tmp_path):
 
 
 def test_mixed_reading_rows_alternate_user_and_episode():
-    from paravt.data.synthetic import reading_rows
-    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
+    from paravt.data.synthetic.traces import reading_rows
 
     rows = reading_rows(WorldConfig(reading_format="mixed", max_events=1), 6)
     kinds = [json.loads(x["messages"])[0]["role"] for x in rows]
@@ -412,7 +409,7 @@ def test_mixed_reading_rows_alternate_user_and_episode():
 
 def test_reading_system_frac_prefixes_that_share_of_user_rows_with_the_system_prompt():
     from paravt.core.prompts import system_prompt
-    from paravt.data.synthetic import reading_rows
+    from paravt.data.synthetic.traces import reading_rows
     from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 
     plain = reading_rows(WorldConfig(max_events=1), 8)
@@ -431,7 +428,7 @@ def test_reading_system_frac_prefixes_that_share_of_user_rows_with_the_system_pr
 def test_reading_curriculum_writes_the_later_phases_on_the_same_tasks(tmp_path):
     import pyarrow.parquet as pq
 
-    from paravt.data.synthetic import build_world
+    from paravt.data.synthetic.writer import build_world
 
     build_world(tmp_path / "w", WorldConfig(n_train_videos=2, n_eval_videos=1, perception_windows=1, reading_rows=4,
                                             max_events=1, reading_curriculum=True))
@@ -448,8 +445,7 @@ def test_reading_curriculum_writes_the_later_phases_on_the_same_tasks(tmp_path):
 
 
 def test_reading_answer_tags_end_the_answer_as_the_episode_does():
-    from paravt.data.synthetic import reading_rows
-    from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
+    from paravt.data.synthetic.traces import reading_rows
 
     plain = reading_rows(WorldConfig(max_events=1, tvg_pad_s=0.0), 9)
     tagged = reading_rows(WorldConfig(max_events=1, tvg_pad_s=0.0, reading_answer_tags=True), 9)
@@ -585,7 +581,7 @@ def test_reading_episodes_can_leave_the_call_turn_unsupervised():
     """--no-reading-episode-calls: the episodes (always 'not visible ... I will check', made without an
     overview) teach reading the reports, not when to call: every turn but the last has weight 0, and
     the rows are otherwise the same."""
-    from paravt.data.synthetic import reading_rows
+    from paravt.data.synthetic.traces import reading_rows
 
     cfg = WorldConfig(max_events=1, reading_format="mixed")
     full = [json.loads(r["messages"]) for r in reading_rows(cfg, 6)]
@@ -607,7 +603,7 @@ def test_thought_sighting_report_copies_the_report_sentence_forward():
     (colour before times, as the report has them), then the answer sentence; in the episodes and in the
     user-format reading rows alike. The default keeps the question's words ("The square is visible ...")."""
     from paravt.core.seeding import py_rng
-    from paravt.data.synthetic import expert_trajectory
+    from paravt.data.synthetic.traces import expert_trajectory
     from paravt.data.synthetic.traces import lookup_example, where
     from paravt.data.synthetic.world import make_question
 

@@ -18,3 +18,10 @@ def test_launched_servers_get_the_trainers_nccl_cumem_setting(value, monkeypatch
     assert env["NCCL_CUMEM_ENABLE"] == want
     _, env = vllm_command(VLLMServerConfig(model_path=str(tiny_dir), rollout=True))
     assert env["NCCL_CUMEM_ENABLE"] == want
+
+
+def test_a_bad_reload_method_is_one_line_naming_the_options():
+    """The rollout server's reload method (rollout.vllm.reload_method in the RL recipe) is one of vLLM's two."""
+    with pytest.raises(ValueError) as e:
+        VLLMServerConfig(reload_method="restart")
+    assert str(e.value) == "rollout.vllm.reload_method must be one of paravt | reload_weights, got 'restart'"

@@ -3,7 +3,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -112,6 +111,19 @@ def test_config_errors():
         EvalConfig(model="m", shard_id=2, num_shards=2)
     with pytest.raises(ValueError, match="frequency_penalty=3"):
         EvalConfig(model="m", frequency_penalty=3)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("server.launch=tgi", "server.launch must be one of none | sglang | vllm, got 'tgi'"),
+    ("backend=vllm", "backend must be one of hf | openai, got 'vllm'"),
+    ("channel=audio", "channel must be one of image_url | video_url, got 'audio'"),
+    ("overview=full", "overview must be one of release | paravt, got 'full'"),
+    ("resume=maybe", "resume must be one of auto | restart | force | never, got 'maybe'"),
+])
+def test_a_bad_choice_is_one_line_naming_the_options(override, message):
+    with pytest.raises(ValueError) as e:
+        load_config(EvalConfig, None, ["model=m", override])
+    assert str(e.value) == message
 
 
 def test_penalties_reach_the_episode_and_the_resume_identity(tiny_dir):

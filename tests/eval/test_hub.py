@@ -140,6 +140,12 @@ def test_a_split_missing_everywhere_names_every_place_and_the_command(tmp_path):
     assert p.returncode == 1 and "fetch: mmvu: yale-nlp/MMVU:" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_a_bad_source_is_one_line_naming_the_options():
+    with pytest.raises(ValueError) as e:
+        HubConfig(source="cache")
+    assert str(e.value) == "hub.source must be one of auto | local | hub, got 'cache'"
+
+
 def test_an_incomplete_snapshot_is_reported(tmp_path, video):
     """A download that stopped before the annotation arrived: huggingface_hub's own tree listing says so."""
     snap = write_hub_cache(tmp_path / "hub", "lmms-lab/charades_sta", {

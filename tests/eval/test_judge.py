@@ -57,7 +57,7 @@ def test_judge_config_is_checked():
 def test_the_judge_on_a_real_server_never_changes_the_strict_score(world, tiny_dir, tmp_path):
     """Our OpenAI-compatible server with the tiny model as the judge (its verdicts are poor, which
     is the point): every no-letter reply is sent to it, each outcome counted, strict records equal."""
-    from paravt.engines.factory import start_hf_server
+    from paravt.engines.backends import start_hf_server
     args = [f"model={tiny_dir}", f"split_paths={{synthetic: {world / 'local'}}}", "max_new_tokens=12",
             "progress=false", "limit=9", "nframes=4", "prompt_mode=direct"]
     plain = Evaluator(load_config(EvalConfig, None, args + [f"out={tmp_path}/plain"])).run()["synthetic"]

@@ -85,7 +85,7 @@ def test_copy_warmup_is_seeded_and_recorded(tmp_path):
 
     from paravt.models.tiny import CopyWarmup
 
-    a = build_tiny(tmp_path / "a", seed=1, warmup=CopyWarmup(steps=12, batch=4), progress=False)
+    build_tiny(tmp_path / "a", seed=1, warmup=CopyWarmup(steps=12, batch=4), progress=False)
     build_tiny(tmp_path / "b", seed=1, warmup=CopyWarmup(steps=12, batch=4), progress=False)
     build_tiny(tmp_path / "c", seed=1)
     assert (tmp_path / "a/model.safetensors").read_bytes() == (tmp_path / "b/model.safetensors").read_bytes()

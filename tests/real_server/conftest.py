@@ -23,7 +23,8 @@ SFT_STEPS = int(os.environ.get("PARAVT_REAL_SERVER_SFT_STEPS", "200"))
 @pytest.fixture(scope="session")
 def sft_world(tmp_path_factory) -> Path:
     from paravt.data.materialize import materialize
-    from paravt.data.synthetic import WorldConfig, build_world
+    from paravt.data.synthetic.world import WorldConfig
+    from paravt.data.synthetic.writer import build_world
 
     out = tmp_path_factory.mktemp("rs_world")
     build_world(out, WorldConfig(seed=0, n_train_videos=24, n_eval_videos=4), progress=False)

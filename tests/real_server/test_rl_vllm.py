@@ -145,12 +145,12 @@ def _push(srv, proc, path, version):
 def _handle(servers, proc, timeout_s: float = 60.0):
     """An EngineHandle over running servers with the broadcast transport (as the trainer builds it)."""
     from paravt.engines.factory import EngineHandle
-    from paravt.engines.weight_push import BroadcastPush
+    from paravt.engines.weight_update import WeightUpdate
     from paravt.models.tokenize import image_pad_id
 
     urls = [s.cfg.url for s in servers]
-    h = EngineHandle("vllm", None, urls[0], [], image_pad_id(proc.tokenizer), urls=urls, model_name="paravt-tiny")
-    h.broadcaster = BroadcastPush("gloo", None, timeout_s)
+    h = EngineHandle("vllm", None, urls[0], [], image_pad_id(proc.tokenizer), urls=urls, model_name="paravt-tiny",
+                     weight_update=WeightUpdate.broadcast("gloo", timeout_s=timeout_s, join_timeout_s=timeout_s))
     h.load_timeout_s = timeout_s
     return h
 

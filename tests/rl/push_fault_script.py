@@ -90,15 +90,17 @@ class Handle:
         asyncio.run(self.broadcaster.push(self.receivers, ["http://127.0.0.1:1"], buckets, version))
 
 
-def trainer(model, d, tmp):
+def trainer(model, dist_info, tmp):
     from paravt.rl.engine_sync import RolloutEngineMixin
 
-    cfg = SimpleNamespace(sync_mode=lambda: "broadcast", trainer=SimpleNamespace(dtype="bfloat16"),
-                          rollout=SimpleNamespace(bucket_mb=1))
+    from paravt.engines.weight_update import WeightUpdate
+
+    cfg = SimpleNamespace(trainer=SimpleNamespace(dtype="bfloat16"))
     t = RolloutEngineMixin()
-    t.cfg, t.d, t.actor = cfg, d, model
+    t.cfg, t.dist, t.actor = cfg, dist_info, model
+    t.update = WeightUpdate.broadcast("gloo", "127.0.0.1", bucket_mb=1, timeout_s=60, join_timeout_s=60)
     t.save = lambda: "none (this script keeps no checkpoint)"
-    t.handle = Handle([LocalReceiver(tmp, 0), LocalReceiver(tmp, 1)]) if d.is_main else None
+    t.handle = Handle([LocalReceiver(tmp, 0), LocalReceiver(tmp, 1)]) if dist_info.is_main else None
     return t
 
 

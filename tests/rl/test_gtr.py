@@ -11,11 +11,12 @@ import torch
 
 from paravt.core.config import load_config
 from paravt.core.video import overview_timestamps
-from paravt.data.synthetic import WorldConfig, expert_trajectory, make_question
+from paravt.data.synthetic.traces import expert_trajectory
+from paravt.data.synthetic.world import WorldConfig, make_question
 from paravt.rl.config import RLConfig
 from paravt.rl.grpo import gtr_objective
-from paravt.rl.gtr import (CorrectionBuffer, LLMCorrector, OracleCorrector, TurnState, build_correction,
-                           collapse_metrics, correction_text, first_thought, parse_verdict, thought_answer_consistent)
+from paravt.rl.gtr import CorrectionBuffer, build_correction, collapse_metrics, correction_text, thought_answer_consistent
+from paravt.rl.gtr_correctors import LLMCorrector, OracleCorrector, TurnState, first_thought, parse_verdict
 
 
 def _expert_states(oracle, limit=40):
@@ -222,7 +223,7 @@ def test_parse_verdict_on_corrector_replies():
 
 def test_llm_corrector_against_our_server_never_blocks(world, tiny_dir):
     """The tiny model's reply is not JSON and a dead endpoint fails: both are 'no correction'."""
-    from paravt.engines.factory import start_hf_server
+    from paravt.engines.backends import start_hf_server
     from paravt.models.parallel import free_port
 
     oracle = OracleCorrector(world)

@@ -132,6 +132,17 @@ def test_a_combination_the_trainer_cannot_run_is_one_line(tmp_path):
             load_config(SFTConfig, "configs/sft/tiny.yaml", base + ["packing=false", bad])
 
 
+@pytest.mark.parametrize("override, message", [
+    ("video.decoder=ffmpeg", "video.decoder must be one of pyav | decord, got 'ffmpeg'"),
+    ("optim.scheduler=linear", "optim.scheduler must be one of cosine | constant, got 'linear'"),
+    ("dist.strategy=horovod", "dist.strategy must be one of fsdp2 | deepspeed | ddp | none, got 'horovod'"),
+])
+def test_a_bad_choice_is_one_line_naming_the_options(override, message):
+    with pytest.raises(ValueError) as e:
+        load_config(SFTConfig, None, ["model_path=m", "data=[{path: x}]", override])
+    assert str(e.value) == message
+
+
 def test_run_sft_checks_the_split_for_its_ranks_before_torchrun(world, tiny_dir, tmp_path):
     """run_sft.sh's preflight splits global_batch_size over NPROC x NNODES ranks: DeepSpeed with two packs
     per rank on two ranks is one line naming the fix and exit 2, and torchrun never starts."""

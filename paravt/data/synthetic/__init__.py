@@ -30,34 +30,3 @@ the overview) or several parallel ``crop_video`` calls in ONE turn covering the 
 Modules: :mod:`.world` (config, specs, questions), :mod:`.render` (frames, mp4),
 :mod:`.traces` (expert traces and parquet rows), :mod:`.writer` (``build_world``).
 """
-
-from paravt.data.synthetic.render import render_frame, write_video
-from paravt.data.synthetic.traces import (
-                                          describe_window,
-                                          expert_trajectory,
-                                          lookup_example,
-                                          reading_rows,
-                                          rl_record,
-                                          sft_main_messages,
-                                          sft_subagent_messages,
-                                          short_window_rows,
-)
-from paravt.data.synthetic.world import (
-                                          BACKGROUNDS,
-                                          COLOURS,
-                                          OVERVIEW_KS,
-                                          QUESTION_TYPES,
-                                          SHAPES,
-                                          Event,
-                                          VideoSpec,
-                                          WorldConfig,
-                                          make_question,
-                                          make_spec,
-                                          restate,
-)
-from paravt.data.synthetic.writer import build_world, world_stats
-
-__all__ = ["BACKGROUNDS", "COLOURS", "OVERVIEW_KS", "QUESTION_TYPES", "SHAPES", "Event", "VideoSpec", "WorldConfig",
-           "build_world", "describe_window", "expert_trajectory", "lookup_example", "make_question", "make_spec",
-           "reading_rows", "render_frame", "restate", "rl_record", "sft_main_messages", "sft_subagent_messages", "short_window_rows",
-           "world_stats", "write_video"]

@@ -37,9 +37,9 @@ def knobs_from_recipe(path: str | None) -> RewardKnobs:
 
 def parser_from_recipe(path: str | None) -> ToolCallParser:
     """The call parser of the recipe's ``hierarchical_agent.tools`` (the default tools without a recipe)."""
-    from paravt.rl.config import AgentConfig  # noqa: PLC0415
+    from paravt.rl.config import HierarchicalAgentConfig  # noqa: PLC0415
 
-    return recipe_call_parser(_recipe(path).hierarchical_agent.tools if path else AgentConfig().tools)
+    return recipe_call_parser(_recipe(path).hierarchical_agent.tools if path else HierarchicalAgentConfig().tools)
 
 
 def main(argv: list[str] | None = None) -> int:
