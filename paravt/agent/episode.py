@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 
 PromptSource = Literal["mode", "row"]
+Channel = Literal["image_url", "video_url"]  # overview frames decoded here | a chat server decodes the video
 
 
 @dataclass
@@ -69,11 +70,11 @@ class EpisodeConfig:
     overview_max_pixels: int = 50176
     # paravt: "Video/Duration" header + "<t seconds>" before each frame; release_eval: bare frames
     # + the video-path sentence (the authors' eval driver). RL row prompts always carry timestamps.
-    overview_style: str = "paravt"
+    overview_style: str = choice(prompts.OverviewStyle)
     final_turn_prompt: str | None = None  # eval: a user message forcing the answer at the last turn
     final_turn_max_tokens: int | None = None
     sequential_tools: bool = False  # ablation/benchmark: run a turn's calls one after another
-    overview_channel: str = "image_url"  # image_url: frames decoded here; video_url: a chat server decodes the video
+    overview_channel: str = choice(Channel)  # image_url: frames decoded here; video_url: a chat server decodes the video
 
     def __post_init__(self):
         if isinstance(self.crop, dict):

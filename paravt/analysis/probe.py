@@ -45,7 +45,8 @@ from paravt.agent.tools import CropConfig, CropVideo, ToolContext, subagent_mess
 from paravt.core.toolcall import ToolCall
 from paravt.data.schema import load_rl_rows
 from paravt.core.seeding import py_rng
-from paravt.data.synthetic.traces import lookup_example, where
+from paravt.data.synthetic.traces import where
+from paravt.data.synthetic.rows import lookup_example
 from paravt.data.synthetic.world import COLOURS, SHAPES, WorldConfig, make_spec
 from paravt.engines.base import SamplingParams
 

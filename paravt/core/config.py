@@ -51,6 +51,8 @@ def load_config(schema: type[T], recipe: str | Path | None = None, overrides: li
             parsed = yaml.safe_load(value) if value != "" else ""
         except yaml.YAMLError:
             parsed = value
+        if isinstance(parsed, bool) and value.lower() not in ("true", "false"):
+            parsed = value  # YAML 1.1 reads off/on/yes/no as booleans: gtr.mode=off is the string (a bool field still takes it)
         try:
             # "data.0.path=..." indexes lists; a mapping of plugins (``tools``) is replaced whole or extended
             # by key (``tools.zoom_frame={}``): its entries are the plugins' own options, not schema fields

@@ -8,7 +8,9 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
+
+WandbMode = Literal["offline", "online", "disabled"]  # a recipe's logging.wandb_mode (WANDB_MODE wins)
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +22,7 @@ class MetricsLogger:
     two records of one step."""
 
     def __init__(self, path: str | Path, enabled: bool = True, wandb_project: str | None = None,
-                 wandb_mode: str | None = None, run_name: str | None = None, config: dict | None = None,
+                 wandb_mode: WandbMode | None = None, run_name: str | None = None, config: dict | None = None,
                  resume_step: int | None = None):
         self.path = Path(path)
         self.enabled = enabled

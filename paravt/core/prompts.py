@@ -12,8 +12,9 @@ System prompt templates live in ``configs/prompts/<mode>.txt`` (override the fol
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
+from paravt.core.config import check_choice
 from paravt.core.toolcall import render_tools_block
 
 THINK_PREFIX = "<think>\n"
@@ -70,7 +71,7 @@ def frames_content(frames: Sequence[Any], timestamps: bool = True) -> list[dict[
     return items
 
 
-OVERVIEW_STYLES = ("paravt", "release_eval")
+OverviewStyle = Literal["paravt", "release_eval"]
 
 
 def overview_user_content(
@@ -82,8 +83,7 @@ def overview_user_content(
     ``paravt``: a "Video / Duration" header, the K frames each after its ``<t seconds>`` text, the
     question. ``release_eval`` (the authors' eval driver): the K frames as bare images, then the
     question, plus "The video path for this video is: NAME" when tools are offered."""
-    if style not in OVERVIEW_STYLES:
-        raise ValueError(f"overview style must be one of {OVERVIEW_STYLES}, got {style!r}")
+    check_choice("overview style", style, OverviewStyle)
     if style == "release_eval":
         q = question.strip()
         if tools and video_path is not None and "video path" not in q.lower():

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from paravt.agent.episode import EpisodeConfig
+from paravt.agent.episode import Channel, EpisodeConfig
 from paravt.agent.tools import CropConfig, check_tools
 from paravt.core.config import check_choices, check_run_paths, choice
 from paravt.core.prompts import AGENTIC_MODES
@@ -32,7 +32,6 @@ OVERVIEW_PROTOCOLS = {
 
 Launch = Literal["none", "sglang", "vllm"]
 Backend = Literal["hf", "openai"]
-Channel = Literal["image_url", "video_url"]
 Resume = Literal["auto", "restart", "force", "never"]
 
 

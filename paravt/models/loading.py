@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-import paravt.models.processor  # noqa: F401  (registers the image-only processor)
 from paravt.core.config import check_dtype
-from paravt.models import packed_attention, vision_attention
+from paravt.models import packed_attention, processor, vision_attention
 
 packed_attention.register()  # attn_implementation="sdpa_varlen" in every process that loads or builds a model
+processor.register()  # AutoProcessor builds the image-only processor of our checkpoints
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@ torchvision, which does not install beside the CPU torch. ParaVT never sends vid
 (the overview and the crops are frames-as-images with timestamp text, as in the paper §3.1), so an
 image-only processor is all the model needs. It is the same class for the tiny model and
 any other checkpoint we save; loading a stock Qwen3-VL checkpoint still gives the stock
-processor. Importing this module registers the class with ``AutoProcessor``.
+processor. :func:`register` makes ``AutoProcessor`` build it for our checkpoints
+(:mod:`paravt.models.loading` calls it once, in every process that loads a processor).
 """
 
 from __future__ import annotations
@@ -70,4 +71,7 @@ def write_video_processor_config(image_processor, save_directory, max_frames: in
     return path
 
 
-AutoProcessor.register(ParaVTImageProcessorConfig, ParaVTQwen3VLProcessor, exist_ok=True)
+def register() -> None:
+    """``AutoProcessor.from_pretrained`` builds :class:`ParaVTQwen3VLProcessor` for a checkpoint saved with it
+    (idempotent)."""
+    AutoProcessor.register(ParaVTImageProcessorConfig, ParaVTQwen3VLProcessor, exist_ok=True)

@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from paravt.agent.episode import PromptSource
 from paravt.agent.tools import CropConfig, check_tools
 from paravt.core.config import check_choice, check_choices, check_dtype, check_run_paths, choice, require
+from paravt.core.metrics import WandbMode
 from paravt.engines.registry import EngineBackend, backend_names, get_backend
 from paravt.engines.sglang import SGLangServerConfig
 from paravt.engines.vllm import VLLMServerConfig
@@ -88,7 +90,7 @@ class HierarchicalAgentConfig:
     nframes: int = 64  # overview frames when gating is off
     # row: the parquet's own system prompt and user text, frames at the <video> mark (the release);
     # mode: configs/prompts/<prompt_mode>.txt + a "Video / Duration" header (ours; the tiny world's SFT format)
-    prompt_source: str = "row"
+    prompt_source: str = choice(PromptSource, default="row")
     prompt_mode: str = "agentic_general"  # system prompt file for prompt_source=mode (configs/prompts/<mode>.txt)
     max_turns: int = 3  # tool rounds per episode
     max_parallel: int | None = None  # calls executed per turn (None: all, as the release trains; eval uses 5)
@@ -101,6 +103,7 @@ class HierarchicalAgentConfig:
     tools: dict[str, Any] = field(default_factory=lambda: {"crop_video": {}})
 
     def __post_init__(self):
+        check_choices(self, "hierarchical_agent")
         check_tools(self.tools)
         if self.nframes < 1 or self.max_turns < 0 or self.max_new_tokens < 1 or self.max_context_tokens < 1:
             raise ValueError("hierarchical_agent: nframes >= 1, max_turns >= 0, max_new_tokens >= 1 and "
@@ -273,10 +276,13 @@ class TrainerConfig:
 @dataclass
 class LogConfig:
     wandb_project: str | None = "paravt-rl"  # wandb project (null: no wandb; metrics.jsonl always)
-    wandb_mode: str = "offline"  # offline | online | disabled
+    wandb_mode: str = choice(WandbMode)  # offline | online | disabled
     progress: bool = True  # tqdm progress bar
     save_trajectories: int = 2  # episodes per step (a seeded random sample) written to trajectories.jsonl
     trajectory_thumbnails: int = 48  # overview frames kept as JPEG thumbnails of this size (px) for the viewer; 0: none
+
+    def __post_init__(self):
+        check_choices(self, "logging")
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """Trainer rank 0's rollout engine and the weight push to it, for :class:`paravt.rl.trainer.RLTrainer`.
 
-* :meth:`RolloutEngineMixin._start_engine` — the engine of ``rollout.engine`` (in-process, or
+* :meth:`EngineSync.start` — the engine of ``rollout.engine`` (in-process, or
   servers launched / reached by URL / started by each node's launcher under ``rollout.layout``, vLLM's
   behind ``vllm-router`` with ``rollout.router``) with its timeouts and, for ``rollout.weight_sync=broadcast``,
   the weight group's :class:`~paravt.engines.weight_push.BroadcastPush`.
-* :meth:`RolloutEngineMixin._push_weights` — every policy version to the engine; collective (every
+* :meth:`EngineSync.push` — every policy version to the engine; collective (every
   trainer rank gathers its shards), a failure checkpoints and stops the run (exit 3).
 """
 
@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from paravt.core.weight_sync import GatherError
-from paravt.engines.factory import build_engine
+from paravt.engines.factory import EngineHandle, build_engine
 from paravt.engines.weight_update import WeightUpdate
 from paravt.models import parallel
 from paravt.models.loading import resolve_dtype
+from paravt.models.parallel import DistInfo
 from paravt.models.stage_main import RunAborted
 from paravt.rl.config import RLConfig
 from paravt.rl.layout import discovered_servers
@@ -57,13 +59,20 @@ def prune_weight_dirs(root: Path, keep: int) -> list[Path]:
     return gone
 
 
-class RolloutEngineMixin:
-    """Needs the trainer's ``cfg``, ``dist`` (its DistInfo), ``actor``, ``processor``, ``out``,
-    ``global_step``, ``update`` (the run's :class:`~paravt.engines.weight_update.WeightUpdate`,
-    :func:`run_weight_update`) and ``save()``."""
+class EngineSync:
+    """Trainer rank 0's rollout engine and the way every policy version reaches it. Built on every rank
+    (each takes part in a push); ``start`` runs on rank 0 only."""
 
-    def _start_engine(self, weights: str) -> None:
-        """Rank 0: the engine (``rollout.engine``) loaded with ``weights``; servers launched and healthy."""
+    def __init__(self, cfg: RLConfig, dist: DistInfo, out: Path, processor: Any, save: Callable[[], Any]):
+        """``out``: the run's folder (server logs, ``weights/`` exports); ``save()``: a checkpoint of the
+        trainer, written before a failed push ends the run (collective, returns its directory)."""
+        self.cfg, self.dist, self.out, self.processor, self.save = cfg, dist, Path(out), processor, save
+        self.update = run_weight_update(cfg, dist.device.type == "cuda")
+        self.handle: EngineHandle | None = None
+
+    def start(self, weights: str, version: int) -> EngineHandle:
+        """Rank 0: the engine (``rollout.engine``) loaded with ``weights`` (policy ``version``); servers launched
+        and healthy."""
         r = self.cfg.rollout
         # a layout: every node's launcher started its own servers; rank 0 launches none and finds them all
         found = discovered_servers() if r.layout else None
@@ -80,16 +89,15 @@ class RolloutEngineMixin:
         self.handle = build_engine(r.engine, weights, self.processor, dtype=r.dtype, seed=self.cfg.seed,
                                    batch_wait_s=r.batch_wait_s, server=server, urls=[*(found or []), *r.urls],
                                    replicas=replicas, log_file=self.out / "rollout_server.log",
-                                   weight_version=self.global_step, router=router, weight_update=self.update)
+                                   weight_version=version, router=router, weight_update=self.update)
         self.handle.control_timeout_s = r.control_timeout_s
         self.handle.load_timeout_s = r.sync_timeout_s
         self.handle.verify_first_push = r.verify_first_push
+        return self.handle
 
-    def _push_weights(self, version: int) -> float:
-        """The actor's weights → the engine, tagged ``version``. Collective: every rank calls it.
-
-        ``self.update.transport`` says which:
-
+    def push(self, actor: Any, version: int) -> float:
+        """The ``actor``'s weights → the engine, tagged ``version``; returns the seconds it took. Collective:
+        every rank calls it. ``self.update.transport`` says how:
         * ``state_dict`` (in-process engine): the full state dict, handed over in memory.
         * ``broadcast`` (servers): buckets of parameters gathered one by one from the FSDP2 shards,
           cast to the trainer's dtype and streamed by rank 0 over the weight group
@@ -104,11 +112,11 @@ class RolloutEngineMixin:
         dtype = resolve_dtype(self.cfg.trainer.dtype)  # bf16 for the 8B: half the bytes of fp32
         err = None
         if mode == "state_dict":
-            sd = parallel.full_state_dict(self.actor)
+            sd = parallel.full_state_dict(actor)
             if self.dist.is_main:
                 self.handle.push_weights(sd, version)
         elif mode == "broadcast":
-            buckets = parallel.weight_buckets(self.actor, dtype, self.update.bucket_bytes, self.dist.is_main)
+            buckets = parallel.weight_buckets(actor, dtype, self.update.bucket_bytes, self.dist.is_main)
             try:
                 if self.dist.is_main:
                     err = self._try_push(buckets, version)
@@ -123,7 +131,7 @@ class RolloutEngineMixin:
                                  f"(resume=auto) is where the run continues", collectives_broken=True,
                                  consequence=exc.from_peer) from None
         else:
-            path = parallel.export_hf(self.actor, self.processor, self.out / "weights" / f"v{version:06d}", self.dist,
+            path = parallel.export_hf(actor, self.processor, self.out / "weights" / f"v{version:06d}", self.dist,
                                       dtype=dtype)
             if self.dist.is_main:
                 err = self._try_push(path, version)
@@ -136,6 +144,11 @@ class RolloutEngineMixin:
                                           f"{err}; checkpoint {done} (resume=auto continues from it)")
         parallel.barrier()
         return time.perf_counter() - t0
+
+    def stop(self) -> None:
+        """Stop the servers rank 0 launched (and leave the weight group)."""
+        if self.handle is not None:
+            self.handle.stop()
 
     def _try_push(self, source, version: int) -> str | None:
         try:

@@ -172,7 +172,7 @@ class OracleCorrector:
 
     def expert_thought(self, state: TurnState) -> str:
         """What the expert thinks at this state (the expert traces' wording)."""
-        from paravt.data.synthetic.traces import _answer_sentence, _windows, question_desc, where  # noqa: PLC0415
+        from paravt.data.synthetic.traces import answer_sentence, cover_windows, question_desc, where  # noqa: PLC0415
         from paravt.data.synthetic.world import restate  # noqa: PLC0415
 
         spec, ev = self.target(state)
@@ -184,13 +184,13 @@ class OracleCorrector:
         restatable = state.question_type != "mcq" or q["options"] is not None
         lead = f"{restate(q)} " if state.turn_index == 0 and restatable else ""
         if state.turn_index == 0 and seen:
-            tail = "" if state.question_type == "tvg" else f" {_answer_sentence(q)}"
+            tail = "" if state.question_type == "tvg" else f" {answer_sentence(q)}"
             return f"{lead}In the overview {desc} is visible {where(seen)}.{tail}"
         if state.turn_index == 0:
-            n = len(_windows(spec.duration, self.cfg.coarse_window_s))
+            n = len(cover_windows(spec.duration, self.cfg.coarse_window_s))
             return (f"{lead}{desc.capitalize()} is not visible in the overview frames. "
                     f"I will check {n} windows of the video in parallel.")
-        tail = "" if state.question_type == "tvg" else f" {_answer_sentence(q)}"
+        tail = "" if state.question_type == "tvg" else f" {answer_sentence(q)}"
         if hits:
             return f"{desc.capitalize()} is visible {where(hits)}.{tail}"
         if seen:

@@ -7,7 +7,8 @@ One step, top to bottom (:meth:`RLTrainer.train` → :meth:`RLTrainer.step`)::
     samples → every rank (broadcast): minibatches of the whole list, each split over the ranks by tokens
     decoupled PPO loss (+ KL) on this rank's part, FSDP2 gradient averaging,      (RLTrainer.train_on,
     optimizer step; [GTR on: + λ · NLL of corrected thoughts from the buffer]      paravt.rl.grpo, paravt.rl.gtr)
-    new weights → engine through its public update_weights                       (EngineHandle.push_weights)
+    new weights → engine, as the run's WeightUpdate says                  (EngineSync.push → EngineHandle.push_weights)
+    lost work counted: a run that keeps losing prompts stops with exit 3         (LostWork.check)
     metrics (JSONL + wandb); checkpoint every ``save_every`` steps
 
 The producer may run ahead of training by at most ``grpo.max_staleness`` policy versions
@@ -31,7 +32,6 @@ from paravt.agent.episode import EpisodeSample
 from paravt.core.metrics import append_jsonl, trim_jsonl
 from paravt.core.seeding import seed_everything
 from paravt.data.schema import load_rl_rows
-from paravt.engines.factory import EngineHandle
 from paravt.models import parallel
 from paravt.models.stage_main import RunAborted
 from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
@@ -43,8 +43,8 @@ from paravt.rl.config import RLConfig
 from paravt.rl.grpo import StepStats, batch_token_advantages, gtr_objective, policy_tokens, sample_loss, sft_nll
 from paravt.rl.logps import forward_logps
 from paravt.rl.packing import average_gradients, bins, equalize, packed_logps, padding_sample, split_by_tokens
-from paravt.rl.engine_sync import RolloutEngineMixin, run_weight_update
-from paravt.rl.lost_work import LostWorkMixin
+from paravt.rl.engine_sync import EngineSync
+from paravt.rl.lost_work import LostWork
 from paravt.rl.rollout import PromptSchedule, RolloutBatch, RolloutProducer, RolloutWorker, Sample
 
 log = logging.getLogger("paravt.rl")
@@ -56,13 +56,12 @@ GTR_CURVES = ["gtr/corrected_fraction", "gtr/valid_thought_fraction", "gtr/thoug
               "gtr/distinct_thought_fraction", "gtr/nll", "ppo/entropy_think"]
 
 
-class RLTrainer(RolloutEngineMixin, LostWorkMixin):
+class RLTrainer:
     def __init__(self, cfg: RLConfig):
         self.cfg = cfg
         self.dist = parallel.init_distributed()
         cfg.check_world_size(self.dist.world_size)
         # how each policy version reaches the engine
-        self.update = run_weight_update(cfg, self.dist.device.type == "cuda")
         seed_everything(cfg.seed + self.dist.rank)
         self.out = Path(cfg.output_dir)
         self.ckpt_root = self.out / "checkpoints"
@@ -102,9 +101,8 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
                                            weight_decay=cfg.optim.weight_decay,
                                            **parallel.adamw_kwargs(self.dist.device))
         self.global_step = 0  # completed steps (= the policy version the engine should hold)
-        self.bad_steps = 0  # rank 0: consecutive steps that lost more than rollout.max_skipped_fraction
-        self.first_bad_error: str | None = None
-        self.handle: EngineHandle | None = None
+        self.sync = EngineSync(cfg, self.dist, self.out, self.processor, self.save)  # the engine, and pushes to it
+        self.lost_work = LostWork(cfg, self.dist, self.ckpt_root, self.save)
         self.gtr = None
         if cfg.gtr.mode != "off":
             from paravt.rl.gtr import GTR  # noqa: PLC0415
@@ -135,7 +133,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         m = self.train_on(samples, sft or [])
         m["time/train"] = time.perf_counter() - t0
         self.global_step += 1
-        m["time/sync"] = self._push_weights(self.global_step)
+        m["time/sync"] = self.sync.push(self.actor, self.global_step)
         if batch is not None:
             m.update(batch.metrics)
             m.update({"time/rollout": batch.seconds, "rollout/staleness": self.global_step - 1 - batch.weight_version,
@@ -281,7 +279,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
     # ------------------------------------------------------------------ loop
     def _start_rollouts(self) -> RolloutProducer:
         """Rank 0: the producer thread over the started engine."""
-        worker = RolloutWorker(self.cfg, self.handle.engine, self.processor, self.schedule, self.judge, self.gtr)
+        worker = RolloutWorker(self.cfg, self.sync.handle.engine, self.processor, self.schedule, self.judge, self.gtr)
         if self.gtr is not None:
             self.gtr.attach(worker.overview_images)
         producer = RolloutProducer(worker, self.global_step, self.cfg.max_steps, self.cfg.grpo.max_staleness)
@@ -289,7 +287,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         return producer
 
     async def _close_clients(self) -> None:
-        await self.handle.aclose()
+        await self.sync.handle.aclose()
         if self.gtr is not None:
             await self.gtr.aclose()
 
@@ -307,7 +305,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
         try:
             if self.dist.is_main:
                 try:
-                    self._start_engine(weights)
+                    self.sync.start(weights, self.global_step)
                 except Exception as exc:  # the other ranks end with this line, not with a collective's timeout
                     msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
                     parallel.announce("engine_start", msg)
@@ -317,7 +315,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
                 parallel.await_rank0("engine_start", start_s)
             # servers this run did not launch (rollout.urls, a layout's) hold unknown weights: push this run's first
             if cfg.rollout.urls or cfg.rollout.layout:
-                self._push_weights(self.global_step)
+                self.sync.push(self.actor, self.global_step)
             producer = self._start_rollouts() if self.dist.is_main else None
             para = cfg.paravt.anchoring.weight > 0 or cfg.paravt.gating.nframes_gating  # else vanilla GRPO
             with TrainLoop(self, "para-grpo" if para else "grpo") as loop:
@@ -325,7 +323,7 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
                     t0 = time.perf_counter()
                     batch = producer.get() if producer is not None else None
                     t_wait = time.perf_counter() - t0
-                    self._check_lost_work(batch)
+                    self.lost_work.check(batch, self.global_step)
                     m = self.step(batch)
                     m.update({"time/wait_rollout": t_wait, "time/step": time.perf_counter() - t0})
                     if batch is not None:
@@ -339,12 +337,11 @@ class RLTrainer(RolloutEngineMixin, LostWorkMixin):
                         self.save()
                     if until is not None and self.global_step >= until:
                         break
-                self._check_ended_well()
+                self.lost_work.check_ended_well(self.global_step)
         finally:
             if producer is not None:
                 producer.shutdown(self._close_clients)
-            if self.handle is not None:
-                self.handle.stop()
+            self.sync.stop()
         return loop.finish(CURVES + (GTR_CURVES if self.gtr is not None else []), "curves.png", "PARA-GRPO",
                            smooth=3)
 

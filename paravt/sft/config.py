@@ -8,6 +8,7 @@ from typing import Literal
 
 from paravt.agent.tools import Decoder
 from paravt.core.config import check_choices, check_dtype, check_run_paths, choice, require
+from paravt.core.metrics import WandbMode
 
 Scheduler = Literal["cosine", "constant"]
 Strategy = Literal["fsdp2", "deepspeed", "ddp", "none"]
@@ -83,8 +84,11 @@ class DistConfig:
 class LogConfig:
     log_every: int = 1  # metrics every N steps
     wandb_project: str | None = "paravt-sft"  # wandb project (null: no wandb; metrics.jsonl always)
-    wandb_mode: str = "offline"  # offline | online | disabled
+    wandb_mode: str = choice(WandbMode)  # offline | online | disabled
     progress: bool = True  # tqdm progress bar
+
+    def __post_init__(self):
+        check_choices(self, "logging")
 
 
 @dataclass

@@ -145,7 +145,7 @@ def test_reading_rows_answer_from_the_matching_report(world):
     copies the times and colour of the one report that shows the asked shape (never a guess)."""
     import re
 
-    from paravt.data.synthetic.traces import reading_rows
+    from paravt.data.synthetic.rows import reading_rows
 
     rows, rep = load_sft_rows([world / "local" / "paravt_reading_synth.parquet"])
     assert rep.kept == rep.total == WorldConfig().reading_rows and all(not r.videos for r in rows)
@@ -188,7 +188,7 @@ def test_reading_rows_in_the_episode_format_are_text_only_episodes():
     user format, with no overview frames; the answer copies the report that shows the asked shape."""
     import re
 
-    from paravt.data.synthetic.traces import reading_rows
+    from paravt.data.synthetic.rows import reading_rows
 
     with pytest.raises(ValueError, match="reading_format"):
         WorldConfig(reading_format="chat")
@@ -230,7 +230,7 @@ def test_episode_answer_rows_supervise_only_the_answer_through_the_real_loader(t
     """Written to parquet, loaded by load_sft_rows and built by the SFT ExampleBuilder (the path the
     trainer takes): the ids are those of the episode format, the labels only the last assistant turn."""
     from paravt.data.schema import DataError, load_sft_rows
-    from paravt.data.synthetic.traces import reading_rows
+    from paravt.data.synthetic.rows import reading_rows
     from paravt.data.synthetic.writer import _write_parquet
     from paravt.sft.data import IGNORE, ExampleBuilder, VideoSamplingConfig
 
@@ -262,7 +262,8 @@ def test_shape_first_wording_puts_the_key_before_the_values():
     continuation of "The <shape> is" by copying; no earlier thought starts "The <shape> is"."""
     import re
 
-    from paravt.data.synthetic.traces import expert_trajectory, lookup_example, reading_rows
+    from paravt.data.synthetic.traces import expert_trajectory
+    from paravt.data.synthetic.rows import lookup_example, reading_rows
     from paravt.data.synthetic.world import QUESTION_TYPES, make_question
     from paravt.core.seeding import py_rng
 
@@ -358,7 +359,8 @@ def test_reports_without_shapes():
     """report_shapes=False: sub-agent reports (and perception rows) name the colour and "shape", never
     a shape; the main agent's thoughts still name the question's shape (copied from the question)."""
     from paravt.core.seeding import py_rng
-    from paravt.data.synthetic.traces import expert_trajectory, short_window_rows
+    from paravt.data.synthetic.traces import expert_trajectory
+    from paravt.data.synthetic.rows import short_window_rows
     from paravt.data.synthetic.world import SHAPES, make_question
 
     cfg = WorldConfig(max_events=1, report_shapes=False, coarse_window_s=30, crop_max_frames=30, min_duration=120,
@@ -396,7 +398,7 @@ def test_cli_preset_needle_sets_the_knobs_and_flags_override(tmp_path):
 
 
 def test_mixed_reading_rows_alternate_user_and_episode():
-    from paravt.data.synthetic.traces import reading_rows
+    from paravt.data.synthetic.rows import reading_rows
 
     rows = reading_rows(WorldConfig(reading_format="mixed", max_events=1), 6)
     kinds = [json.loads(x["messages"])[0]["role"] for x in rows]
@@ -409,7 +411,7 @@ def test_mixed_reading_rows_alternate_user_and_episode():
 
 def test_reading_system_frac_prefixes_that_share_of_user_rows_with_the_system_prompt():
     from paravt.core.prompts import system_prompt
-    from paravt.data.synthetic.traces import reading_rows
+    from paravt.data.synthetic.rows import reading_rows
     from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 
     plain = reading_rows(WorldConfig(max_events=1), 8)
@@ -445,7 +447,7 @@ def test_reading_curriculum_writes_the_later_phases_on_the_same_tasks(tmp_path):
 
 
 def test_reading_answer_tags_end_the_answer_as_the_episode_does():
-    from paravt.data.synthetic.traces import reading_rows
+    from paravt.data.synthetic.rows import reading_rows
 
     plain = reading_rows(WorldConfig(max_events=1, tvg_pad_s=0.0), 9)
     tagged = reading_rows(WorldConfig(max_events=1, tvg_pad_s=0.0, reading_answer_tags=True), 9)
@@ -581,7 +583,7 @@ def test_reading_episodes_can_leave_the_call_turn_unsupervised():
     """--no-reading-episode-calls: the episodes (always 'not visible ... I will check', made without an
     overview) teach reading the reports, not when to call: every turn but the last has weight 0, and
     the rows are otherwise the same."""
-    from paravt.data.synthetic.traces import reading_rows
+    from paravt.data.synthetic.rows import reading_rows
 
     cfg = WorldConfig(max_events=1, reading_format="mixed")
     full = [json.loads(r["messages"]) for r in reading_rows(cfg, 6)]
@@ -604,7 +606,8 @@ def test_thought_sighting_report_copies_the_report_sentence_forward():
     user-format reading rows alike. The default keeps the question's words ("The square is visible ...")."""
     from paravt.core.seeding import py_rng
     from paravt.data.synthetic.traces import expert_trajectory
-    from paravt.data.synthetic.traces import lookup_example, where
+    from paravt.data.synthetic.traces import where
+    from paravt.data.synthetic.rows import lookup_example
     from paravt.data.synthetic.world import make_question
 
     base = WorldConfig(max_events=1, report_shapes=False, coarse_window_s=30, crop_max_frames=30, min_duration=120,

@@ -1,12 +1,12 @@
 """Run under ``torchrun --nproc_per_node=2`` by test_push_faults.py (gloo on CPU): the trainer's
-broadcast push as ``RLTrainer._push_weights`` runs it, over a tiny FSDP2 model sharded on both ranks.
+broadcast push as the trainer's :class:`EngineSync` runs it, over a tiny FSDP2 model sharded on both ranks.
 
 ``argv``: checkpoint, result JSON (written by rank 0), mode:
 
 * ``pack_rank0`` — packing fails on rank 0 at bucket 3 (an out-of-memory in ``flatten``): rank 0
   stops sending and drains, rank 1 iterates every bucket; both must then meet in the next collective
   (a barrier with a short timeout) instead of rank 1 waiting in a gather nobody else runs.
-* ``push`` — :meth:`RolloutEngineMixin._push_weights` (fp32 shards cast to bf16, then gathered;
+* ``push`` — :meth:`EngineSync.push` (fp32 shards cast to bf16, then gathered;
   packed into two reused buffers while the previous bucket is on the wire) to two receivers in
   other processes, each a member of the weight group driven as :class:`BroadcastPush` drives a
   server. Each receiver saves what it got; rank 0 records when each receiver was paused.
@@ -23,7 +23,6 @@ import textwrap
 import time
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -91,17 +90,19 @@ class Handle:
 
 
 def trainer(model, dist_info, tmp):
-    from paravt.rl.engine_sync import RolloutEngineMixin
+    """The trainer's EngineSync of a recipe with a broadcast push (1 MiB buckets, gloo) to these receivers."""
+    from paravt.core.config import load_config
+    from paravt.rl.config import RLConfig
+    from paravt.rl.engine_sync import EngineSync
 
-    from paravt.engines.weight_update import WeightUpdate
-
-    cfg = SimpleNamespace(trainer=SimpleNamespace(dtype="bfloat16"))
-    t = RolloutEngineMixin()
-    t.cfg, t.dist, t.actor = cfg, dist_info, model
-    t.update = WeightUpdate.broadcast("gloo", "127.0.0.1", bucket_mb=1, timeout_s=60, join_timeout_s=60)
-    t.save = lambda: "none (this script keeps no checkpoint)"
-    t.handle = Handle([LocalReceiver(tmp, 0), LocalReceiver(tmp, 1)]) if dist_info.is_main else None
-    return t
+    cfg = load_config(RLConfig, None, ["model_path=unused", "train_data=[unused.parquet]", "rollout.engine=sglang",
+                                       "rollout.weight_sync=broadcast", "rollout.sync_backend=gloo",
+                                       "rollout.sync_address=127.0.0.1", "rollout.bucket_mb=1",
+                                       "rollout.sync_timeout_s=60", "rollout.control_timeout_s=60"])
+    sync = EngineSync(cfg, dist_info, tmp, processor=None, save=lambda: "none (this script keeps no checkpoint)")
+    assert sync.update.transport == "broadcast" and sync.update.bucket_bytes == 1 << 20
+    sync.handle = Handle([LocalReceiver(tmp, 0), LocalReceiver(tmp, 1)]) if dist_info.is_main else None
+    return sync
 
 
 def main():
@@ -130,7 +131,7 @@ def main():
         res = {"sent": sent, "error": error, "n_buckets": len(buckets.plan)}
     elif mode == "push":
         t = trainer(model, d, out.parent)
-        t._push_weights(7)
+        t.push(model, 7)
         if d.is_main:
             want = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().to(torch.bfloat16)
                     for n, p in model.named_parameters()}
@@ -158,7 +159,7 @@ def main():
         parallel.weight_buckets = failing
         t = trainer(model, d, out.parent)
         try:
-            t._push_weights(7)
+            t.push(model, 7)
         except RunAborted as exc:
             end_stopped_run(exc, "push_fault_script", d.is_main)
         res = {"unexpected": "the push returned"}

@@ -28,5 +28,5 @@ the overview) or several parallel ``crop_video`` calls in ONE turn covering the 
 ``<tool_response>`` summaries → answer; temporal questions take a second, finer round.
 
 Modules: :mod:`.world` (config, specs, questions), :mod:`.render` (frames, mp4),
-:mod:`.traces` (expert traces and parquet rows), :mod:`.writer` (``build_world``).
+:mod:`.traces` (expert traces), :mod:`.rows` (the parquet rows), :mod:`.writer` (``build_world``).
 """

@@ -18,16 +18,8 @@ from paravt.core.seeding import py_rng
 from paravt.core.video import overview_timestamps
 from paravt.data.synthetic.render import write_video
 from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
-from paravt.data.synthetic.traces import (
-    direct_answer,
-    expert_trajectory,
-    habit_calls,
-    reading_rows,
-    rl_record,
-    sft_main_messages,
-    short_window_rows,
-    subagent_row,
-)
+from paravt.data.synthetic.traces import direct_answer, expert_trajectory, habit_calls
+from paravt.data.synthetic.rows import reading_rows, rl_record, sft_main_messages, short_window_rows, subagent_row
 from paravt.data.synthetic.world import OVERVIEW_KS, QUESTION_TYPES, VideoSpec, WorldConfig, make_question, make_spec
 
 
