@@ -60,7 +60,7 @@ def part_tiny(model: str, repeats: int, python: str) -> dict:
         srv = VLLMServer(cfg).start()
         try:
             h = EngineHandle("vllm", None, cfg.url, [srv], image_pad_id(proc.tokenizer), model_name="paravt-tiny")
-            updates = {"disk": WeightUpdate.from_disk(120), "broadcast": WeightUpdate.broadcast("gloo", timeout_s=120, join_timeout_s=120)}
+            updates = {"disk": WeightUpdate.from_disk(), "broadcast": WeightUpdate.broadcast("gloo", timeout_s=120, join_timeout_s=120)}
 
             def held() -> int:
                 async def go():

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from paravt.agent.conversation import open_conversation
 from paravt.models.tokenize import encode_prompt
@@ -43,8 +43,6 @@ from paravt.models.images import ImageInputs
 log = logging.getLogger(__name__)
 
 
-PromptSource = Literal["mode", "row"]
-Channel = Literal["image_url", "video_url"]  # overview frames decoded here | a chat server decodes the video
 
 
 @dataclass
@@ -52,7 +50,7 @@ class EpisodeConfig:
     prompt_mode: str = "agentic_general"
     # mode: system prompt of prompt_mode + "Video/Duration" header + frames + question (ours, eval);
     # row: the dataset row's own messages with the frames at its <video> mark (the release's RL prompt)
-    prompt_source: str = choice(PromptSource)
+    prompt_source: str = choice(prompts.PromptSource)
     prompt_dir: str | None = None
     # tool key -> the tool's own options (paravt.agent.tools; a list of keys is accepted too); {}: no tools
     tools: dict[str, Any] = field(default_factory=lambda: {"crop_video": {}})
@@ -74,7 +72,7 @@ class EpisodeConfig:
     final_turn_prompt: str | None = None  # eval: a user message forcing the answer at the last turn
     final_turn_max_tokens: int | None = None
     sequential_tools: bool = False  # ablation/benchmark: run a turn's calls one after another
-    overview_channel: str = choice(Channel)  # image_url: frames decoded here; video_url: a chat server decodes the video
+    overview_channel: str = choice(prompts.Channel)  # image_url: frames decoded here; video_url: a chat server decodes the video
 
     def __post_init__(self):
         if isinstance(self.crop, dict):

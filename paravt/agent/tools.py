@@ -25,6 +25,7 @@ from typing import Any, Iterable, Literal
 from paravt.agent.trajectory import SubAgentTrajectory
 from paravt.core import prompts
 from paravt.core.config import check_choices, choice
+from paravt.core.video_reader import Decoder
 from paravt.core.toolcall import CallSyntax, ToolCall, ToolCallParser, is_number
 from paravt.core.video import run_decode, sample_crop
 from paravt.core.video_reader import VideoError
@@ -174,7 +175,6 @@ class Tool(abc.ABC):
 
 
 CropMode = Literal["subagent", "frames"]
-Decoder = Literal["pyav", "decord"]  # the video decoder (paravt.core.video); also the SFT data's (video.decoder)
 
 
 @dataclass

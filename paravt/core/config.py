@@ -51,8 +51,11 @@ def load_config(schema: type[T], recipe: str | Path | None = None, overrides: li
             parsed = yaml.safe_load(value) if value != "" else ""
         except yaml.YAMLError:
             parsed = value
-        if isinstance(parsed, bool) and value.lower() not in ("true", "false"):
-            parsed = value  # YAML 1.1 reads off/on/yes/no as booleans: gtr.mode=off is the string (a bool field still takes it)
+        plugin = any(p in FREE_MAPPINGS for p in key.split("."))
+        if isinstance(parsed, bool) and value.lower() not in ("true", "false") and not plugin:
+            # YAML 1.1 reads off/on/yes/no as booleans: gtr.mode=off is the string (a typed bool field still
+            # takes "off" as false); a plugin's untyped options keep YAML's reading
+            parsed = value
         try:
             # "data.0.path=..." indexes lists; a mapping of plugins (``tools``) is replaced whole or extended
             # by key (``tools.zoom_frame={}``): its entries are the plugins' own options, not schema fields
@@ -89,7 +92,11 @@ def check_choice(name: str, value: Any, options: Any) -> None:
 
     opts = tuple(get_args(options) or options)
     if value not in opts:
-        raise ValueError(f"{name} must be one of {' | '.join(map(str, opts))}, got {value!r}")
+        raise ValueError(f"{name} must be one of {' | '.join(_shown(o) for o in opts)}, got {value!r}")
+
+
+def _shown(option: Any) -> str:
+    return "null" if option is None else str(option)  # as a recipe writes it
 
 
 def check_choices(cfg: Any, prefix: str = "") -> None:
@@ -177,7 +184,7 @@ def config_help(schema: type, prog: str, recipe: str | Path | None = None) -> st
             if OmegaConf.is_missing(node, f.name):
                 shown = "???"
             text = helps.get(f.name, "")
-            opts = [str(o) for o in f.metadata.get("choices", ())]
+            opts = [_shown(o) for o in f.metadata.get("choices", ())]
             if opts and not all(o in text for o in opts):  # the options, unless the comment already lists them
                 text = " | ".join(opts) + (f": {text}" if text else "")
             lines.append(f"  {prefix}{f.name} = {shown!r}" + (f"    # {text}" if text else ""))

@@ -72,6 +72,9 @@ def frames_content(frames: Sequence[Any], timestamps: bool = True) -> list[dict[
 
 
 OverviewStyle = Literal["paravt", "release_eval"]
+# where the first prompt comes from: configs/prompts/<prompt_mode>.txt + a header | the dataset row's own messages
+PromptSource = Literal["mode", "row"]
+Channel = Literal["image_url", "video_url"]  # overview frames decoded here | a chat server decodes the video
 
 
 def overview_user_content(

@@ -15,10 +15,12 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 from PIL import Image
+
+Decoder = Literal["pyav", "decord"]  # the video decoders a recipe may name (crop.decoder, the SFT data's video.decoder)
 
 class VideoError(RuntimeError):
     """A video could not be opened or decoded; the message names the file."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -114,6 +115,31 @@ def start_hf_server(model: str, dtype: str = "float32", port: int | None = None,
     return proc, url
 
 
+@dataclass
+class HFServerConfig:
+    """One ``hf_server`` of a node's launcher (``rollout.layout``): its settings come from the model alone."""
+
+    model_path: str = ""
+    dtype: str = "float32"
+    port: int = 0  # 0: a free port
+    host: str = "127.0.0.1"
+    log_file: str | None = None
+
+
+class HFServer:
+    """``python -m paravt.engines.hf_server`` with the ``start`` / ``stop`` of the SGLang and vLLM launchers."""
+
+    def __init__(self, cfg: HFServerConfig):
+        self.cfg, self.proc, self.url = cfg, None, None
+
+    def start(self) -> "HFServer":
+        c = self.cfg
+        self.proc, self.url = start_hf_server(c.model_path, c.dtype, c.port or None, c.log_file, host=c.host)
+        return self
+
+    def stop(self) -> None:
+        stop_processes([self.proc] if self.proc else [])
+
 
 def _build_hf_server(spec: EngineSpec) -> EngineHandle:
     launched: list[tuple[str, Any]] = []
@@ -129,13 +155,15 @@ def _build_sglang(spec: EngineSpec) -> EngineHandle:
 
 
 def _build_remote(spec: EngineSpec) -> EngineHandle:
-    if not spec.url:
-        raise ValueError("engine 'remote' needs url= (an SGLang-API server already running)")
-    spec.urls = [spec.url]
+    if not spec.url and not spec.urls:
+        raise ValueError("engine 'remote' needs url= or urls= (SGLang-API servers already running)")
+    if spec.url:
+        spec.urls = [spec.url]
     return token_handle("remote", spec, [], _sglang_client(spec))
 
 
-HF_SERVER = EngineBackend("hf_server", _build_hf_server, transports=("disk",), control=_sglang_control)
+HF_SERVER = EngineBackend("hf_server", _build_hf_server, transports=("disk",), control=_sglang_control,
+                          server_config=HFServerConfig, server_class=HFServer)
 SGLANG = EngineBackend("sglang", _build_sglang, transports=("broadcast", "disk"), control=_sglang_control,
                        server_config=SGLangServerConfig, server_class=SGLangServer, launch_needs_cuda=True)
 REMOTE = EngineBackend("remote", _build_remote, transports=("broadcast", "disk"), control=_sglang_control, rollout=False)

@@ -36,10 +36,15 @@ class EngineBackend:
 
     name: str
     build: Callable[[Any], Any]
-    transports: tuple[str, ...]  # weight transports it accepts, the default (weight_sync=auto) first; () takes none
+    # weight transports it accepts, the one rollout.weight_sync=auto picks first; () takes none. A handle built
+    # without a WeightUpdate (tests, scripts) takes disk when the backend accepts it, else the first.
+    transports: tuple[str, ...]
     control: Callable[[Any, str], Any] | None = None
     server_config: type | tuple[type, ...] | None = None  # the launch settings it takes (None: it launches nothing)
-    server_class: type | None = None  # the launcher of one server from its settings (start / stop / cfg.url)
+    # the launcher of one server from its settings (start / stop); a node's launcher starts a layout's servers
+    # with it, from the recipe's settings or, when the recipe holds none, server_config(model_path, dtype, port,
+    # host, log_file)
+    server_class: type | None = None
     rollout_settings: dict[str, Any] = field(default_factory=dict)  # settings a rollout server's launch adds
     rollout: bool = True  # serves RL rollouts: token ids in, token ids and logprobs out
     launch_needs_cuda: bool = False  # the servers it launches need GPUs (no CPU build)
@@ -77,8 +82,9 @@ def get_backend(name: str) -> EngineBackend:
         return _REGISTERED[name]
     if name in BUILTIN:
         return register_backend(_load(BUILTIN[name], name))
-    if ":" in name:  # an engine outside the package, named by where its EngineBackend is
+    if ":" in name:  # an engine outside the package, named by where its EngineBackend is; then also by its name
         _REGISTERED[name] = _load(name, name)
+        _REGISTERED.setdefault(_REGISTERED[name].name, _REGISTERED[name])
         return _REGISTERED[name]
     raise ValueError(f"engine must be one of {' | '.join(backend_names())} or module:attribute of an "
                      f"EngineBackend, got {name!r}")

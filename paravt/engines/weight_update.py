@@ -36,7 +36,8 @@ class WeightUpdate:
     bucket_bytes: int = 1 << 30  # broadcast: bytes per bucket (rank 0's extra memory: one bucket + one parameter)
     backend: GroupBackend = "gloo"  # broadcast: the weight group's backend
     master_address: str | None = None  # broadcast: where servers reach trainer rank 0 (None: loopback or this host)
-    timeout_s: float = 300.0  # a transfer (broadcast) or one server's reload (disk)
+    # broadcast: one transfer (a disk reload is bounded by the handle's load_timeout_s, rollout.sync_timeout_s)
+    timeout_s: float = 300.0
     join_timeout_s: float = 30.0  # broadcast: the group's formation
 
     def __post_init__(self):
@@ -52,8 +53,8 @@ class WeightUpdate:
         return cls("state_dict")
 
     @classmethod
-    def from_disk(cls, timeout_s: float = 300.0) -> "WeightUpdate":
-        return cls("disk", timeout_s=timeout_s)
+    def from_disk(cls) -> "WeightUpdate":
+        return cls("disk")
 
     @classmethod
     def broadcast(cls, backend: GroupBackend, master_address: str | None = None, bucket_mb: int = 1024,

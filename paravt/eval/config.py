@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from paravt.agent.episode import Channel, EpisodeConfig
+from paravt.agent.episode import EpisodeConfig
 from paravt.agent.tools import CropConfig, check_tools
 from paravt.core.config import check_choices, check_run_paths, choice
-from paravt.core.prompts import AGENTIC_MODES
+from paravt.core.prompts import AGENTIC_MODES, Channel
 from paravt.eval.hub import HubConfig
 from paravt.eval.judge import MCQJudgeConfig
 from paravt.eval.splits import HUB_IDS, SPLITS, splits_table

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from paravt.agent.episode import PromptSource
 from paravt.agent.tools import CropConfig, check_tools
 from paravt.core.config import check_choice, check_choices, check_dtype, check_run_paths, choice, require
 from paravt.core.metrics import WandbMode
+from paravt.core.prompts import PromptSource
 from paravt.engines.registry import EngineBackend, backend_names, get_backend
 from paravt.engines.sglang import SGLangServerConfig
 from paravt.engines.vllm import VLLMServerConfig
@@ -219,9 +219,13 @@ class RolloutConfig:
         check_choices(self, "rollout")
         if ":" not in self.engine:  # module:attribute names an engine outside the package
             check_choice("rollout.engine", self.engine, backend_names(rollout_only=True))
-        b = self.backend()
-        if not b.rollout:
-            raise ValueError(f"rollout.engine={self.engine} does not serve rollouts (token ids and logprobs)")
+        try:
+            b = self.backend()
+        except ValueError as exc:
+            raise ValueError(f"rollout.engine: {exc}") from None
+        if not b.rollout or not b.transports:
+            raise ValueError(f"rollout.engine={self.engine} does not serve rollouts (token ids and logprobs, and "
+                             f"weights after every step)")
         if self.layout:
             from paravt.rl.layout import check_layout  # noqa: PLC0415
 
@@ -229,7 +233,9 @@ class RolloutConfig:
         if self.replicas < 0 or (not self.layout and b.server_config is not None and self.replicas == 0
                                  and not self.urls):
             raise ValueError(f"rollout.replicas={self.replicas}: launch at least one server or give rollout.urls")
-        if self.weight_sync != "auto" and "state_dict" not in b.transports and self.weight_sync not in b.transports:
+        # an in-process engine takes its weights in memory whatever a recipe says, except broadcast, which needs servers
+        lenient = "state_dict" in b.transports and self.weight_sync == "disk"
+        if self.weight_sync != "auto" and self.weight_sync not in b.transports and not lenient:
             raise ValueError(f"rollout.weight_sync={self.weight_sync}: rollout.engine={self.engine} takes weights by "
                              f"{' | '.join(b.transports)} (use auto or one of those)")
         if self.bucket_mb < 1 or self.sync_timeout_s <= 0 or self.control_timeout_s <= 0:

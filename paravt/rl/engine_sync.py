@@ -2,8 +2,9 @@
 
 * :meth:`EngineSync.start` — the engine of ``rollout.engine`` (in-process, or
   servers launched / reached by URL / started by each node's launcher under ``rollout.layout``, vLLM's
-  behind ``vllm-router`` with ``rollout.router``) with its timeouts and, for ``rollout.weight_sync=broadcast``,
-  the weight group's :class:`~paravt.engines.weight_push.BroadcastPush`.
+  behind ``vllm-router`` with ``rollout.router``) with its timeouts and the run's
+  :class:`~paravt.engines.weight_update.WeightUpdate` (:func:`run_weight_update`; a broadcast's weight group
+  is formed at the first push).
 * :meth:`EngineSync.push` — every policy version to the engine; collective (every
   trainer rank gathers its shards), a failure checkpoints and stops the run (exit 3).
 """
@@ -35,7 +36,7 @@ def run_weight_update(cfg: RLConfig, trainer_on_cuda: bool) -> WeightUpdate:
     if transport == "state_dict":
         return WeightUpdate.in_memory()
     if transport == "disk":
-        return WeightUpdate.from_disk(r.sync_timeout_s)
+        return WeightUpdate.from_disk()  # each reload bounded by rollout.sync_timeout_s (EngineHandle.load_timeout_s)
     backend = r.sync_backend
     if backend == "auto":  # NCCL needs CUDA on both sides (the CPU vLLM build has none)
         _, settings = r.launch_settings()

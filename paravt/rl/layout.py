@@ -66,10 +66,10 @@ class Node:
 
 
 def _server_engines() -> list[str]:
-    """The rollout engines whose servers a node's launcher can start: those with servers to control."""
+    """The rollout engines whose servers a node's launcher can start: those with a server launcher."""
     from paravt.engines.registry import backend_names, get_backend  # noqa: PLC0415
 
-    return [n for n in backend_names(rollout_only=True) if get_backend(n).control is not None]
+    return [n for n in backend_names(rollout_only=True) if get_backend(n).server_class is not None]
 
 
 def check_layout(text: str, *, engine: str | None = None, urls: list[str] | tuple = (), nnodes: int | None = None,

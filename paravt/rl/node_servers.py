@@ -23,26 +23,6 @@ from typing import Any
 from paravt.rl.layout import Plan, check_layout, plan, publish, read_number
 
 
-class _HFServer:
-    """``python -m paravt.engines.hf_server`` with the ``start`` / ``stop`` / ``proc`` of the SGLang and vLLM
-    launchers."""
-
-    def __init__(self, model: str, dtype: str, port: int, log_file: Path, host: str):
-        self.model, self.dtype, self.port, self.log_file, self.host = model, dtype, port, log_file, host
-        self.proc = None
-
-    def start(self) -> "_HFServer":
-        from paravt.engines.backends import start_hf_server  # noqa: PLC0415
-
-        self.proc, _ = start_hf_server(self.model, self.dtype, self.port, self.log_file, host=self.host)
-        return self
-
-    def stop(self) -> None:
-        from paravt.engines.factory import stop_processes  # noqa: PLC0415
-
-        stop_processes([self.proc] if self.proc else [])
-
-
 class _Held(threading.Thread):
     """One server, started and stopped by this thread, which lives as long as the server does: a server
     dies with what launched it (PR_SET_PDEATHSIG), and the kernel counts the launching *thread*."""
@@ -67,16 +47,19 @@ def node_servers(cfg: Any, p: Plan, host: str) -> list[tuple[Any, int]]:
     """This node's servers (not started) and their ports, listening on ``host``; logs under output_dir,
     one per server and node."""
     r, out = cfg.rollout, Path(cfg.output_dir)
+    b = r.backend()
+    if b.server_class is None:
+        raise ValueError(f"rollout.engine={r.engine} has no server a node's launcher can start")
     _, base = r.launch_settings()
-    if base is None:  # a server launched from the model alone (hf_server)
+    if base is None:  # settings from the model alone (hf_server: rollout.dtype)
         from paravt.models.parallel import free_port  # noqa: PLC0415
 
         ports = [free_port() for _ in p.servers]
-        return [(_HFServer(cfg.model_path, r.dtype, port, out / f"rollout_server_node{p.node_rank}_{i}.log", host), port)
+        return [(b.server_class(b.server_config(model_path=cfg.model_path, dtype=r.dtype, port=port, host=host,
+                                                log_file=str(out / f"rollout_server_node{p.node_rank}_{i}.log"))), port)
                 for i, port in enumerate(ports)]
     from paravt.engines.factory import replica_configs  # noqa: PLC0415
 
-    b = r.backend()
     base = replace(base, **b.rollout_settings)
     log = Path(base.log_file) if base.log_file else out / f"rollout_{r.engine}.log"
     base = replace(base, host=host, gpus=[g for s in p.servers for g in s], tp_size=len(p.servers[0]) or 1,

@@ -61,7 +61,6 @@ class RLTrainer:
         self.cfg = cfg
         self.dist = parallel.init_distributed()
         cfg.check_world_size(self.dist.world_size)
-        # how each policy version reaches the engine
         seed_everything(cfg.seed + self.dist.rank)
         self.out = Path(cfg.output_dir)
         self.ckpt_root = self.out / "checkpoints"

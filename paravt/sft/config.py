@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from paravt.agent.tools import Decoder
 from paravt.core.config import check_choices, check_dtype, check_run_paths, choice, require
 from paravt.core.metrics import WandbMode
+from paravt.core.video_reader import Decoder
 
 Scheduler = Literal["cosine", "constant"]
 Strategy = Literal["fsdp2", "deepspeed", "ddp", "none"]

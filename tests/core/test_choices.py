@@ -32,7 +32,7 @@ def test_a_choice_takes_a_literal_or_strings_and_its_first_option_is_the_default
 def test_a_bad_value_is_one_line_naming_the_key_and_the_options():
     with pytest.raises(ValueError, match=r"^paint.colour must be one of red \| green, got 'blue'$"):
         load_config(Paint, None, ["colour=blue"])
-    with pytest.raises(ValueError, match=r"^paint.finish must be one of None \| matte \| gloss, got 'satin'$"):
+    with pytest.raises(ValueError, match=r"^paint.finish must be one of null \| matte \| gloss, got 'satin'$"):
         Paint(finish="satin")
     with pytest.raises(ValueError, match=r"^role must be one of policy \| context, got 'user'$"):
         check_choice("role", "user", Literal["policy", "context"])
@@ -41,14 +41,14 @@ def test_a_bad_value_is_one_line_naming_the_key_and_the_options():
 def test_help_lists_the_options_unless_the_comment_already_does():
     lines = {ln.split("=")[0].strip(): ln for ln in config_help(Paint, "paint").splitlines() if "=" in ln}
     assert lines["colour"].endswith("# red | green: what the wall turns")
-    assert lines["finish"].endswith("# None | matte | gloss")
+    assert lines["finish"].endswith("# null | matte | gloss")
     assert lines["brush"].endswith("# flat | round")  # its comment lists them: not twice
 
 
 @pytest.mark.parametrize("override, message", [
     ("logging.wandb_mode=cloud", "logging.wandb_mode must be one of offline | online | disabled, got 'cloud'"),
     ("hierarchical_agent.prompt_source=file", "hierarchical_agent.prompt_source must be one of mode | row, got 'file'"),
-    ("grpo.rollout_is=batch", "grpo.rollout_is must be one of None | token | sequence, got 'batch'"),
+    ("grpo.rollout_is=batch", "grpo.rollout_is must be one of null | token | sequence, got 'batch'"),
     ("gtr.mode=on", "gtr.mode must be one of off | observe | train, got 'on'"),  # the string, not YAML's True
     ("rollout.weight_sync=nfs", "rollout.weight_sync must be one of auto | broadcast | disk, got 'nfs'"),
 ])

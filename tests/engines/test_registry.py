@@ -12,11 +12,22 @@ from paravt.core.weight_sync import WeightBuckets
 from paravt.data.schema import load_rl_rows
 from paravt.engines.base import EngineError
 from paravt.engines.factory import EngineHandle, build_engine
+from paravt.engines import registry
 from paravt.engines.registry import BUILTIN, EngineBackend, backend_names, get_backend, register_backend
 from paravt.engines.weight_update import WeightUpdate
 from tests.engines import stub_engine
 
 STUB = "tests.engines.stub_engine:BACKEND"
+
+
+@pytest.fixture(autouse=True)
+def clean_registry():
+    """Each test starts from the built-in backends only (what a test registers does not leak)."""
+    saved = dict(registry._REGISTERED)
+    registry._REGISTERED.clear()
+    yield
+    registry._REGISTERED.clear()
+    registry._REGISTERED.update(saved)
 
 
 def test_a_registered_engine_runs_an_episode_and_takes_weights(tiny, tiny_dir, world, tmp_path):
@@ -40,11 +51,15 @@ def test_a_registered_engine_runs_an_episode_and_takes_weights(tiny, tiny_dir, w
         build_engine("stub", str(tiny_dir), proc, weight_update=WeightUpdate.broadcast("gloo"))
 
 
-def test_an_engine_is_named_by_where_its_backend_is(tiny, tiny_dir):
+def test_an_engine_is_named_by_where_its_backend_is(tiny, tiny_dir, tmp_path):
     _, proc = tiny
-    assert get_backend(STUB) is stub_engine.BACKEND
+    assert "stub" not in backend_names()  # never registered in code: the recipe's name is all there is
     handle = build_engine(STUB, str(tiny_dir), proc)
     assert handle.kind == STUB and handle.weight_update == WeightUpdate.from_disk()
+    assert get_backend(STUB) is stub_engine.BACKEND is get_backend("stub")  # then known by its name too
+    stub_engine.PUSHES.clear()
+    handle.push_weights(str(tmp_path / "v1"), 1)
+    assert stub_engine.PUSHES == [("stub://0", str(tmp_path / "v1"), 1)]
     with pytest.raises(ValueError, match=r"^engine 'tests.engines.stub_engine:NOPE': cannot load"):
         get_backend("tests.engines.stub_engine:NOPE")
     with pytest.raises(ValueError, match=r"is a function, not an EngineBackend$"):
@@ -64,6 +79,11 @@ def test_the_rl_recipe_takes_a_registered_engine_and_refuses_unknown_ones(tiny_d
     with pytest.raises(ValueError, match=r"^rollout.weight_sync=broadcast: rollout.engine=hf_server takes weights by "
                                          r"disk \(use auto or one of those\)$"):
         RolloutConfig(engine="hf_server", weight_sync="broadcast")
+    with pytest.raises(ValueError, match=r"^rollout.weight_sync=broadcast: rollout.engine=hf takes weights by state_dict"):
+        RolloutConfig(engine="hf", weight_sync="broadcast")
+    assert RolloutConfig(engine="hf", weight_sync="disk").weight_sync == "disk"  # in memory all the same
+    with pytest.raises(ValueError, match=r"^rollout.engine: engine 'tests.engines.stub_engine:NOPE': cannot load"):
+        RolloutConfig(engine="tests.engines.stub_engine:NOPE")
     with pytest.raises(ValueError, match="^rollout.sync_backend must be one of auto | nccl | gloo, got 'mpi'$"):
         RolloutConfig(sync_backend="mpi")
 
@@ -90,7 +110,7 @@ def test_the_run_derives_one_weight_update_from_the_recipe():
         return run_weight_update(cfg, cuda)
 
     assert update() == WeightUpdate.in_memory()
-    assert update("rollout.engine=hf_server") == WeightUpdate.from_disk(300.0)
+    assert update("rollout.engine=hf_server") == WeightUpdate.from_disk()
     b = update("rollout.engine=vllm", "rollout.bucket_mb=8", cuda=True)
     assert (b.transport, b.bucket_bytes, b.backend) == ("broadcast", 8 << 20, "nccl")  # the recipe's vllm.gpus=[7]
     assert update("rollout.engine=vllm", "rollout.vllm.gpus=[]", cuda=True).backend == "gloo"  # the CPU build

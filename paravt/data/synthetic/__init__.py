@@ -10,9 +10,9 @@
 * parquets in the released schemas with **sentinel-relative** paths under ``DIR/parquet/``:
   ``paravt_sft_synth.parquet`` (expert main-agent trajectories and sub-agent examples),
   ``paravt_perception_synth.parquet`` (sub-agent examples on 1-4 s windows: the tiny model's
-  visual pretraining, see :func:`short_window_rows`),
+  visual pretraining, see :func:`.rows.short_window_rows`),
   ``paravt_reading_synth.parquet`` (text only: reports then a question, answered by looking the
-  reports up; the tiny main agent's reading lessons, see :func:`reading_rows`),
+  reports up; the tiny main agent's reading lessons, see :func:`.rows.reading_rows`),
   ``paravt_rl_synth.parquet`` (RL prompts) and ``paravt_eval_synth.parquet`` (held-out videos);
 * ``DIR/world.json`` (every video's script) and ``DIR/world_stats.json`` (sizes, and how often
   the asked event is visible in a K-frame overview: the Tool Necessity Gap).
