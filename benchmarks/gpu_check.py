@@ -5,8 +5,8 @@ part writes ``OUT/<part>.json``, or says why it was skipped (no CUDA).
 * ``numerics`` — the same generated tokens scored twice: by the in-process engine in bf16 (its
   logprobs from ``generate``'s raw logits) and by the trainer's ``forward_logps`` under FSDP2 mixed
   precision (fp32 master weights, bf16 compute), at the recipe's lengths (64 overview frames at the
-  recipe's 50176 pixels, a 2048-token answer), on Qwen3-VL-8B's width (random init, reduced depth):
-  max and mean |Δ| and the spread of the importance ratio exp(Δ) it implies.
+  recipe's 50176 pixels, a 2048-token answer) and sampling temperature, on Qwen3-VL-8B's width (random
+  init, reduced depth): max and mean |Δ| and the spread of the importance ratio exp(Δ) it implies.
 * ``width`` — the project's SFT step (FSDP2 bf16 mixed precision, gradient checkpointing, packing,
   video frames, its optimizer) on an 8192-token pack at 8B width and ``--layers`` text layers, at two
   depths for the memory per layer; an RL train step on the recipe's 8 samples (the PPO loss through
@@ -23,6 +23,10 @@ not the embedding table or the vision tower) + 6 × layers × hidden × sequence
 attention), against the card's dense bf16 peak (``--peak-tflops``, 989 for H100/H200 SXM).
 
     python benchmarks/gpu_check.py --out runs/gpu_check [--parts numerics,width,startup] [--small]
+
+Every model uses the RL recipe's attention (``--recipe``, default ``configs/rl/paragrpo_8b.yaml``,
+resolved as its trainer does) and the numerics its ``grpo.temperature``; ``--attn`` and
+``--temperature`` override them. The values used and their source are printed and written to each part.
 
 ``--small``: the same code at the tiny model's width on whatever device there is (the CPU dry run CI
 does); its figures mean nothing.
@@ -47,6 +51,7 @@ from gpu_units import part_numerics, part_startup, unit_reference, unit_referenc
 from gpu_units_steps import unit_rl_step, unit_vision  # noqa: E402
 
 PARTS = ("numerics", "width", "startup")
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "rl" / "paragrpo_8b.yaml"
 
 
 def compose_width(a, units: dict, peak_tflops: float) -> dict:
@@ -120,6 +125,31 @@ def units_of(a) -> dict[str, list[tuple[str, str, object]]]:
             "startup": [("startup", "startup", part_startup)]}
 
 
+def recipe_defaults(a) -> dict[str, str]:
+    """Fill ``a.attn`` and ``a.temperature`` where no flag gave them, from the RL recipe ``a.recipe``: the
+    attention the RL trainer resolves (``trainer.attn_implementation``, else
+    ``default_attn_implementation()``: flash_attention_2 where flash-attn is installed) and the sampling
+    temperature ``grpo.temperature`` (the logprob error enters the ratio scaled by 1/T). Returns where
+    each value came from."""
+    from paravt.core.config import load_config  # noqa: PLC0415
+    from paravt.rl.config import RLConfig  # noqa: PLC0415
+
+    src = {"attn": "--attn", "temperature": "--temperature"}
+    if a.attn is None or a.temperature is None:
+        cfg = load_config(RLConfig, a.recipe)
+        if a.attn is None:
+            from paravt.models.loading import default_attn_implementation  # noqa: PLC0415
+
+            a.attn = cfg.trainer.attn_implementation or default_attn_implementation()
+            src["attn"] = f"{a.recipe} " + (f"(trainer.attn_implementation: {cfg.trainer.attn_implementation})"
+                                            if cfg.trainer.attn_implementation else
+                                            "(trainer.attn_implementation null: default_attn_implementation())")
+        if a.temperature is None:
+            a.temperature = float(cfg.grpo.temperature)
+            src["temperature"] = f"{a.recipe} (grpo.temperature)"
+    return src
+
+
 def run_unit(a, name: str) -> int:
     """In a fresh process: check the GPU holds nothing of an earlier unit, run one unit, write its JSON."""
     import torch
@@ -172,8 +202,7 @@ def verdicts(parts: dict, card_gb: float | None, margin_gb: float) -> dict:
     return v
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python benchmarks/gpu_check.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/gpu_check")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
@@ -190,15 +219,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vision", default="batched", choices=("batched", "per_frame"),
                    help="vision attention: the project's batched path or transformers' per-frame loop")
     p.add_argument("--startup-layers", type=int, default=36)
-    p.add_argument("--attn", default="sdpa_varlen",
-                   help="attention of every model (default: the project's where flash-attn is absent, SDPA per packed "
-                        "sequence; sdpa = one block-masked call over the whole pack; flash_attention_2 where installed)")
+    p.add_argument("--recipe", default=str(RECIPE), help="RL recipe that --attn and --temperature default to")
+    p.add_argument("--attn", default=None,
+                   help="attention of every model (default: the recipe's, as its trainer resolves it: "
+                        "flash_attention_2 where flash-attn is installed, else sdpa_varlen, SDPA per packed sequence; "
+                        "sdpa = one block-masked call over the whole pack)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="numerics: sampling and scoring temperature (default: the recipe's grpo.temperature)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak (default: by its name)")
     p.add_argument("--timeout-scale", type=float, default=None, help="x the per-unit timeouts (default 1; 20 with --small)")
     p.add_argument("--max-gb-at-start", type=float, default=2.0, help="GPU GiB in use before a unit that fails it")
     p.add_argument("--margin-gb", type=float, default=4.0, help="GiB every peak must leave free on the card")
     p.add_argument("--unit", default=None, help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    sources = recipe_defaults(a)
     if a.unit:
         return run_unit(a, a.unit)
     import torch
@@ -218,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"device": name, "torch": torch.__version__, "small": a.small, "date": time.strftime("%Y-%m-%d"),
             "peak_tflops_used": peak, "peak_tflops_from": "--peak-tflops" if a.peak_tflops else
             "the card's name" if card_peak_tflops(name) else "default (card not in the table)",
-            "card_gb": card_gb}
+            "card_gb": card_gb, "attn": a.attn, "attn_from": sources["attn"], "temperature": a.temperature,
+            "temperature_from": sources["temperature"]}
+    print(f"[gpu_check] attention {a.attn} (from {sources['attn']}), temperature {a.temperature:g} "
+          f"(from {sources['temperature']})", flush=True)
     required = gpu_listed() and not cuda
     running: list[subprocess.Popen] = []
 

@@ -124,6 +124,16 @@ def _text_flops_per_token(cfg, seq: int) -> float:
     return 6 * (L * per_layer + h * v) + 6 * L * h * seq
 
 
+def engine_copy(master):
+    """The numerics gate's engine: a bf16 copy of the fp32 master with the rotary frequencies kept fp32,
+    as a real engine loads them (a plain ``.to(bf16)`` would round the rotary angles too)."""
+    import torch
+
+    from paravt.models.loading import cast_keeping_rotary_fp32
+
+    return cast_keeping_rotary_fp32(copy.deepcopy(master), torch.bfloat16)
+
+
 # ---------------------------------------------------------------------------------------------- parts
 def part_numerics(a, tmp: Path) -> dict:
     import torch
@@ -139,14 +149,14 @@ def part_numerics(a, tmp: Path) -> dict:
     proc, video = _assets(tmp, a.small)
     cfg = _config(proc, a.numerics_layers, a.small)
     master = _model(cfg, dev, torch.float32, a.attn)
-    engine_model = copy.deepcopy(master).to(torch.bfloat16)
+    engine_model = engine_copy(master)
     trainer = parallel.wrap_fsdp2(master, d, torch.bfloat16)  # mixed precision: real fully_shard even on one rank
     ids, images = _overview(proc, video)
     eng = HFEngine(engine_model, proc, seed=0)
     n_new = a.answer_tokens
 
     async def gen():
-        return await eng.generate(ids, images, SamplingParams(temperature=1.0, max_new_tokens=n_new, seed=1))
+        return await eng.generate(ids, images, SamplingParams(temperature=a.temperature, max_new_tokens=n_new, seed=1))
 
     t0 = time.perf_counter()
     out = asyncio.run(gen())
@@ -157,7 +167,8 @@ def part_numerics(a, tmp: Path) -> dict:
           f"{t_gen:.1f} s", flush=True)
     vision = torch.tensor(vision_token_ids(proc.tokenizer), dtype=torch.long)
     with torch.no_grad():
-        logp, _ = forward_logps(trainer, ids + out.token_ids, images, proc, cfg.image_token_id, vision, 1.0, dev)
+        logp, _ = forward_logps(trainer, ids + out.token_ids, images, proc, cfg.image_token_id, vision, a.temperature,
+                                dev)
     mine = logp[len(ids) - 1: len(ids) - 1 + len(out.token_ids)].double().cpu()
     delta = mine - torch.tensor(out.logprobs, dtype=torch.float64)
     ratio = delta.exp()  # with ppo_minibatches 1: the behaviour weight w = exp(prox - behav) the loss applies
@@ -167,7 +178,8 @@ def part_numerics(a, tmp: Path) -> dict:
     ws = WeightStats()
     ws.add(delta, 5.0)  # the recipes' behav_imp_weight_cap
     behav_weight = {k.split("/", 1)[1]: v for k, v in ws.metrics().items()}
-    return {"text_layers": cfg.text_config.num_hidden_layers, "prompt_tokens": len(ids),
+    return {"text_layers": cfg.text_config.num_hidden_layers, "prompt_tokens": len(ids), "attn": a.attn,
+            "temperature": a.temperature,
             "answer_tokens": len(out.token_ids), "generate_s": round(t_gen, 1),
             "abs_delta_max": float(delta.abs().max()), "abs_delta_mean": float(delta.abs().mean()),
             "abs_delta_q50_q99": torch.quantile(delta.abs(), torch.tensor([0.5, 0.99], dtype=torch.float64)).tolist(),

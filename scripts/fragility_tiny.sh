@@ -4,7 +4,7 @@
 #   bash scripts/fragility_tiny.sh SEED_DIR        (a quickstart OUT_DIR: needs world/ and FRAG_BASE/final)
 #   Sizes (environment): PRIOR_STEPS (300), COLD_STEPS (20, planned over 80: ~50% compliant at RL start, measured
 #     in docs/RESULTS.md), FRAG_RL_STEPS (30), SEED (0);
-#     QUICKSTART_SMALL=1: 10 / 10 / 2 (a few minutes; CI)
+#     QUICKSTART_SMALL=1: 10 / 10 / 2, RL steps of 2 prompts (a few minutes; CI)
 #   FRAG_K (4): both RL arms train at this one overview budget, so their compliance compares on the same
 #     episodes (PARA-GRPO keeps its format reward and anchoring, without nFrames gating); FRAG_K=recipe: each
 #     arm at its recipe's K (vanilla 64, PARA-GRPO gated over 4..64).
@@ -45,7 +45,9 @@ case "$NATIVE_REASONING" in keep) NATIVE_FLAGS=() ;; drop) NATIVE_FLAGS=(--drop-
   *) echo "NATIVE_REASONING must be keep or drop, got '$NATIVE_REASONING'" >&2; exit 2 ;; esac
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
   PRIOR_STEPS="${PRIOR_STEPS:-10}"; COLD_STEPS="${COLD_STEPS:-10}"; FRAG_RL_STEPS="${FRAG_RL_STEPS:-2}"
+  FRAG_RL_EXTRA=(grpo.prompts_per_step=2)
 else
+  FRAG_RL_EXTRA=()
   [[ -z "${COLD_STEPS:-}" ]] && COLD_SCHEDULE_STEPS="${COLD_SCHEDULE_STEPS:-80}"
   PRIOR_STEPS="${PRIOR_STEPS:-300}"; COLD_STEPS="${COLD_STEPS:-20}"; FRAG_RL_STEPS="${FRAG_RL_STEPS:-30}"
 fi
@@ -92,6 +94,7 @@ for RUN in vanilla paragrpo; do
   say "RL: $RUN ($FRAG_RL_STEPS steps) -> $OUT/rl_$RUN"
   [[ -e "$OUT/rl_$RUN/final/config.json" ]] || NPROC=1 bash scripts/run_rl.sh "$RECIPE" model_path="$OUT/sft/final" \
     output_dir="$OUT/rl_$RUN" "train_data=[$W/paravt_rl_synth.parquet]" max_steps="$FRAG_RL_STEPS" \
-    save_every="$FRAG_RL_STEPS" seed="$SEED" hierarchical_agent.crop.max_frames="$CROP_FRAMES" "${SAME_K[@]}"
+    save_every="$FRAG_RL_STEPS" seed="$SEED" hierarchical_agent.crop.max_frames="$CROP_FRAMES" "${SAME_K[@]}" \
+    "${FRAG_RL_EXTRA[@]}"
 done
 say "done"

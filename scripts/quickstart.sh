@@ -6,7 +6,8 @@
 # differ; delete OUT_DIR to start over). SFT and RL run through the launchers
 # users run on GPU nodes (scripts/run_sft.sh, scripts/run_rl.sh: preflight, torchrun for RL), one process each.
 #   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
-#   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes: fewer videos, steps and eval samples; CI)
+#   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes, CI's size: every stage through the same launchers at
+#     its smallest: 24 videos, 30 + 40 + 10 + 10 SFT steps, 2 RL steps of 2 prompts, 4 questions per eval cell)
 #   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (12), EVAL_LIMIT (60 questions per cell: the first 60 of the
 #     needle world's 120), EVAL_CONCURRENCY (64 eval samples in flight), SEED (0). bash scripts/reproduce_tiny.sh runs the
 #     measured setting of docs/RESULTS.md, RL_STEPS=20 EVAL_LIMIT=120 (~34 min per seed); these defaults fit the quickstart in 30 min.
@@ -36,9 +37,11 @@ OUT="$(cd "$OUT" && pwd)"
 SEED="${SEED:-0}"
 SFT_ATTN_ARG=(); [[ -n "${SFT_ATTN:-}" ]] && SFT_ATTN_ARG=("attn_implementation=$SFT_ATTN")
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
-  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; SFT_PHASES="${SFT_PHASES-reading_long:10 reading_episode:10}"; RL_STEPS=4; EVAL_LIMIT=8; EVAL_TOKENS=160
+  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; SFT_PHASES="${SFT_PHASES-reading_long:10 reading_episode:10}"; RL_STEPS=2; EVAL_LIMIT=4; EVAL_TOKENS=160
+  RL_EXTRA=(grpo.prompts_per_step=2)
 else
   WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}"); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-1}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; SFT_PHASES="${SFT_PHASES-reading_long:600 reading_episode:600}"; RL_STEPS="${RL_STEPS:-12}"; EVAL_LIMIT="${EVAL_LIMIT:-60}"; EVAL_TOKENS=320
+  RL_EXTRA=()
 fi
 HEAD="${HEAD:-trained}"
 case "$HEAD" in
@@ -156,7 +159,7 @@ CROP_FRAMES=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['c
 rl_args() {  # rl_args vanilla|paragrpo: RLA = that arm's arguments of scripts/run_rl.sh
   local recipe=configs/rl/tiny.yaml; [[ $1 == vanilla ]] && recipe=configs/rl/tiny_vanilla.yaml
   RLA=("$recipe" model_path="$OUT/sft/final" output_dir="$OUT/rl_$1" "train_data=[$OUT/world/local/paravt_rl_synth.parquet]"
-       max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED" hierarchical_agent.crop.max_frames="$CROP_FRAMES")
+       max_steps="$RL_STEPS" save_every="$RL_STEPS" seed="$SEED" hierarchical_agent.crop.max_frames="$CROP_FRAMES" "${RL_EXTRA[@]}")
 }
 rl_arm() {  # rl_arm vanilla|paragrpo: one RL arm from the SFT checkpoint through scripts/run_rl.sh
   local RLA; rl_args "$1"

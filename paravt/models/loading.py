@@ -40,6 +40,22 @@ def default_attn_implementation() -> str:
     return packed_attention.NAME
 
 
+ROTARY_BUFFERS = ("inv_freq", "original_inv_freq")  # rotary frequencies: transformers computes them in fp32
+
+
+def cast_keeping_rotary_fp32(model, dtype: str | torch.dtype):
+    """``model.to(dtype)`` with every rotary frequency buffer (text and vision) left as it was, fp32: what
+    ``load_model(..., dtype=...)`` gives (from_pretrained builds them in fp32 whatever the weights' dtype),
+    so a cast copy computes the same rotary angles as a loaded engine or the FSDP2 trainer, whose mixed
+    precision casts parameters only. Returns the model."""
+    keep = [(m, name, buf) for m in model.modules() for name, buf in m.named_buffers(recurse=False)
+            if name in ROTARY_BUFFERS]
+    model.to(resolve_dtype(dtype))
+    for m, name, buf in keep:
+        setattr(m, name, buf)  # the tensor from before the cast: same device, fp32
+    return model
+
+
 def load_model(path: str | Path, dtype: str | torch.dtype = "float32", attn_implementation: str | None = None,
                device: str | torch.device | None = None, **kwargs: Any):
     """A ``Qwen3VLForConditionalGeneration`` (or any image-text-to-text model) from a directory or hub id."""

@@ -22,13 +22,20 @@ row's positions (one host read per layer: the slow, correct path).
 
 ``default_attn_implementation()`` (:mod:`paravt.models.loading`) picks ``flash_attention_2`` where
 flash-attn is installed, else ``sdpa_varlen``. ``torch_varlen`` is opt-in: on CUDA it makes one
-kernel call per layer for the whole pack (bf16/fp16); elsewhere it is ``sdpa_varlen``.
+kernel call per layer for the whole pack (bf16/fp16); elsewhere it is ``sdpa_varlen``. ``varlen_attn``'s
+keywords changed between torch releases, so the call passes only those the installed one accepts and
+does the rest by hand (GQA, the softmax scale); what it cannot express (a sliding window on a torch
+without ``window_size``) goes to the per-sequence SDPA path, with one warning.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import inspect
+import math
+import warnings
 from typing import Any
 
 import torch
@@ -38,6 +45,8 @@ TORCH_VARLEN = "torch_varlen"
 BOUNDS_KWARG = "packed_bounds"
 # implementations that attend within each packed sequence at Σ len² cost (plain sdpa/eager: (Σ len)²)
 VARLEN_IMPLEMENTATIONS = (NAME, TORCH_VARLEN, "flash_attention_2")
+
+_WARNED: set[str] = set()  # messages already warned about, once per process
 
 _NO_PACK_MASK: contextvars.ContextVar[bool] = contextvars.ContextVar("paravt_no_pack_mask", default=False)
 
@@ -103,25 +112,76 @@ def _mask(*args, batch_size: int = 1, **kwargs):
     return sdpa_mask(*args, batch_size=batch_size, **kwargs)
 
 
+def _window_mask(length: int, window: int, device: torch.device) -> torch.Tensor:
+    """(length × length) boolean mask: causal, and each query sees at most ``window`` keys (itself
+    included), transformers' ``sliding_window`` convention."""
+    i = torch.arange(length, device=device)
+    offset = i[:, None] - i[None, :]
+    return (offset >= 0) & (offset < window)
+
+
 def _per_sequence(module, query, key, value, bounds, dropout, scaling, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: PLC0415
 
+    window = kwargs.get("sliding_window")
     outs = []
     for s, e in zip(bounds, bounds[1:]):
-        out, _ = sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
-                                        dropout=dropout, scaling=scaling, is_causal=True, **kwargs)
+        mask = None if window is None or window >= e - s else _window_mask(e - s, window, query.device)
+        out, _ = sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], mask,
+                                        dropout=dropout, scaling=scaling, is_causal=mask is None, **kwargs)
         outs.append(out)  # (batch, len, heads, head_dim)
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
-def _torch_varlen(module, query, key, value, kwargs, scaling):
-    """One ``varlen_attn`` call over the whole row: q/k/v (1, heads, L, d) -> (1, L, heads, d)."""
-    from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415
+@functools.lru_cache(maxsize=None)
+def _keywords(fn) -> frozenset[str]:
+    """The parameter names of a ``varlen_attn``: they differ by torch release (2.9: ``is_causal``;
+    2.10/2.11: ``scale``, ``window_size``; 2.12+: also ``enable_gqa``). Cached per function object."""
+    return frozenset(inspect.signature(fn).parameters)
 
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _torch_varlen(module, query, key, value, kwargs, scaling):
+    """One ``varlen_attn`` call over the whole row: q/k/v (1, heads, L, d) -> (1, L, heads, d), with only
+    the keywords this torch's ``varlen_attn`` accepts; the others are done by hand (GQA: k/v heads
+    repeated; scale: q pre-multiplied so the kernel's default 1/sqrt(d) gives it). None where this
+    torch cannot express the attention (a sliding window, or no causal switch): the caller then takes
+    the per-sequence SDPA path."""
+    from torch.nn.attention import varlen  # noqa: PLC0415
+
+    fn = varlen.varlen_attn
+    accepts = _keywords(fn)
+    window = kwargs.get("sliding_window")
+    call: dict[str, Any] = {}
+    if "window_size" in accepts:  # (left, right): (-1, 0) is causal, (W - 1, 0) a causal window of W keys
+        call["window_size"] = (-1 if window is None else window - 1, 0)
+    elif window is None and "is_causal" in accepts:
+        call["is_causal"] = True
+    else:
+        what = "a sliding window" if window is not None else "causal attention"
+        _warn_once(f"this torch's varlen_attn cannot express {what}: torch_varlen attends per sequence with SDPA")
+        return None
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (L, heads, d)
-    out = varlen_attn(q, k.contiguous(), v.contiguous(), kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
-                      kwargs["max_length_q"], kwargs["max_length_k"], scale=scaling, window_size=(-1, 0),
-                      enable_gqa=q.shape[1] != k.shape[1])
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in accepts:
+            call["enable_gqa"] = True
+        else:
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if scaling is not None:
+        if "scale" in accepts:
+            call["scale"] = scaling
+        else:
+            factor = scaling * math.sqrt(q.shape[-1])
+            if not math.isclose(factor, 1.0, rel_tol=1e-6):
+                q = q * factor
+    out = fn(q, k.contiguous(), v.contiguous(), kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
+             kwargs["max_length_q"], kwargs["max_length_k"], **call)
     return out[None]
 
 
@@ -139,7 +199,9 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         kwargs.pop("position_ids", None)
         if (getattr(module.config, "_attn_implementation", None) == TORCH_VARLEN and query.is_cuda
                 and query.dtype in (torch.bfloat16, torch.float16) and "cu_seq_lens_q" in kwargs):
-            return _torch_varlen(module, query, key, value, kwargs, scaling), None
+            out = _torch_varlen(module, query, key, value, kwargs, scaling)
+            if out is not None:
+                return out, None
         return _per_sequence(module, query, key, value, bounds, dropout, scaling, **kwargs), None
     position_ids = kwargs.get("position_ids")
     if single_row and position_ids is not None and position_ids.numel() == length:

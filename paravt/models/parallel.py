@@ -2,8 +2,10 @@
 
 * :func:`init_distributed`: torchrun's env (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``) or a
   single-process group, NCCL on CUDA and gloo on CPU, so one code path serves both.
-* :func:`wrap_fsdp2`: ``fully_shard`` per decoder layer and per vision block, then the root;
-  bf16 compute with fp32 master weights when asked. One rank in fp32 trains the plain module.
+* :func:`wrap_fsdp2`: ``fully_shard`` per group of :func:`paravt.models.fsdp_groups.shard_groups` (each
+  decoder layer and vision block, the embeddings, the lm_head, the vision embeddings and mergers), then the
+  root; bf16 compute with fp32 master weights when asked. One rank in fp32 trains the plain module. Over
+  several ranks a forward without images still runs the vision tower (:mod:`paravt.models.vision_join`).
 * :func:`save_resumable` / :func:`load_resumable`: model + optimizer through
   ``torch.distributed.checkpoint`` (sharded, any world size), plus a JSON of trainer state.
 * :func:`export_hf`: the parameters gathered one by one to rank 0 (cast to the export dtype on the
@@ -27,6 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from paravt.models import vision_join
+from paravt.models.fsdp_groups import shard_groups
 from paravt.models.stage_main import RunAborted  # noqa: F401 - raised here, re-exported for callers
 
 log = logging.getLogger(__name__)
@@ -144,18 +148,6 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
-def decoder_layers(model) -> list[torch.nn.Module]:
-    """Transformer blocks to shard one by one (text decoder layers + vision blocks)."""
-    inner = getattr(model, "model", model)
-    layers = list(getattr(getattr(inner, "language_model", inner), "layers", []))
-    visual = getattr(inner, "visual", None)
-    if visual is not None:
-        layers += list(getattr(visual, "blocks", []))
-    if not layers:
-        raise ValueError(f"cannot find decoder layers in {type(model).__name__}")
-    return layers
-
-
 def wrap_fsdp2(model, dist_info: DistInfo, compute_dtype: torch.dtype | None = None,
                reshard_after_forward: bool = True, shard_one_rank: bool = False):
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
@@ -169,15 +161,21 @@ def wrap_fsdp2(model, dist_info: DistInfo, compute_dtype: torch.dtype | None = N
         log.info("FSDP2 over one rank in fp32: training the plain module (same gradients, no sharding hooks)")
         return model
     mesh = init_device_mesh(dist_info.device.type, (dist_info.world_size,))
-    mp = None
+    kw: dict[str, Any] = {"mesh": mesh}
     if mixed:
-        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
-    if mp is not None:
-        kw["mp_policy"] = mp
-    for layer in decoder_layers(model):
-        fully_shard(layer, **kw)
+        # No cast of the modules' inputs: each group computes in ``compute_dtype`` on the hidden states the
+        # groups before it produced in that dtype (the patch embedding casts the pixels itself), while the
+        # rotary (cos, sin) the vision tower computes in fp32 reach every block in fp32, as in transformers
+        # and the inference engines (a cast to bf16 would round the angles of every block's rotary).
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32,
+                                               cast_forward_inputs=False)
+    for group in shard_groups(model):
+        fully_shard(group, reshard_after_forward=reshard_after_forward, **kw)
+    # The root without reshard_after_forward: torch's default keeps it gathered from forward to backward,
+    # which begins with it (freeing it after forward would gather it again at once).
     fully_shard(model, **kw)
+    if dist_info.world_size > 1:
+        vision_join.install(model)  # every rank enters the vision tower's collectives, images or not
     return model
 
 

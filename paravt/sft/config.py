@@ -180,6 +180,9 @@ class SFTConfig:
     data_root: str = ""  # shard paths that are not absolute are relative to this folder
     max_length: int = 8192  # longest tokenised row (or packed bin); longer rows are skipped and counted
     packing: bool = True  # pack rows into max_length bins (per-sequence M-RoPE positions)
+    # Prepare the next step's batches (video frames, image tensors, packs) on a background thread while a step
+    # trains. null: on with CUDA; off on CPU, where the thread shares the GIL with training (measured: no gain).
+    prefetch: bool | None = None
     # Packed bins (packing) or rows (no packing) of one optimizer step over all ranks, whatever the world size
     # (the release's 4 packs per GPU on 8 GPUs: 32); the loss is the mean over the step's supervised tokens.
     # Slot k of the run is rank (k mod world size)'s next bin. Not a multiple of the world size: ranks short

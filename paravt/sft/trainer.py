@@ -14,6 +14,9 @@ fewer micro-batches than the others that step (a global batch that is not a mult
 world size) runs zero-weight passes over a pack it has, so every rank joins each FSDP/DDP
 gather and reduce.
 
+A step's batches come from :class:`paravt.sft.feed.StepFeed`: on CUDA prepared one step ahead on a
+background thread (``prefetch``) and copied to the device from pinned memory without blocking the host.
+
 Every ``save_every`` steps: ``<output_dir>/checkpoints/step_N/`` holds the resumable state
 (model + optimizer through torch.distributed.checkpoint, scheduler, step, each rank's data
 cursor and RNG) and ``hf/`` (``save_pretrained`` model + processor that RL and eval load).
@@ -26,7 +29,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ import torch
 
 from paravt.core.seeding import seed_everything, stable_hash
 from paravt.core.video import keep_open_videos
-from paravt.models import parallel
+from paravt.models import parallel, vision_join
 from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
                                    resolve_dtype)
 from paravt.models.losses import supervised_ce_sum
@@ -43,6 +45,7 @@ from paravt.models.trainloop import TrainLoop
 from paravt.sft.config import SFTConfig
 from paravt.sft.data import (IGNORE, ExampleBuilder, PackedStream, StreamState, collate_packed, collate_padded,
                              load_manifest, padding_stats)
+from paravt.sft.feed import StepFeed, to_device
 
 log = logging.getLogger("paravt.sft")
 
@@ -130,6 +133,7 @@ class SFTTrainer:
             prepare(model)
             model.to(self.dist.device)
             if strategy == "ddp" and self.dist.world_size > 1:
+                vision_join.install(model)  # a text-only batch still gives the tower's parameters a gradient
                 model = torch.nn.parallel.DistributedDataParallel(model)
         inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
         self.rope_index = inner.model.get_rope_index
@@ -159,6 +163,13 @@ class SFTTrainer:
         self.builder = ExampleBuilder(self.processor, cfg.video, cfg.max_length)
         self.stream = PackedStream(rows, self.builder, cfg.seed, cfg.max_length, cfg.packing, self.split.micro,
                                    self.dist.rank, self.dist.world_size)
+        cuda = self.dist.device.type == "cuda"
+        # pixels cast on the host only where the model casts them to that dtype anyway (FSDP2 mixed precision)
+        pixel_dtype = compute if strategy == "fsdp2" and compute in (torch.bfloat16, torch.float16) else None
+        self.feed = StepFeed(self.stream, self.builder, self._collate,
+                             lambda step: self.split.micro_sizes(self.dist.rank, step), self.split.passes,
+                             prefetch=cuda if cfg.prefetch is None else cfg.prefetch, pin=cuda,
+                             pixel_dtype=pixel_dtype, last_step=cfg.max_steps)
         if self.dist.is_main:
             log.info("SFT data: %s; missing shards: %s", report.summary(), missing or "none")
 
@@ -181,6 +192,7 @@ class SFTTrainer:
         path = parallel.latest_complete(self.ckpt_root) if r == "auto" else Path(r)
         if path is None:
             return
+        self.feed.reset()
         if self.ds_engine is not None:
             self.ds_engine.load_checkpoint(str(path / "deepspeed"))
             import json  # noqa: PLC0415
@@ -199,7 +211,7 @@ class SFTTrainer:
         path = parallel.step_dir(self.ckpt_root, self.global_step)
         state = {"step": self.global_step, "scheduler": self.scheduler.state_dict(), "config": asdict(self.cfg),
                  "data_report": self.data_report}
-        rank_extra = {"stream": self.stream.state.to_dict()}
+        rank_extra = {"stream": self.feed.state.to_dict()}  # the data of the steps trained, not of one prefetched
         if self.ds_engine is not None:
             path.mkdir(parents=True, exist_ok=True)
             self.ds_engine.save_checkpoint(str(path / "deepspeed"))
@@ -231,7 +243,7 @@ class SFTTrainer:
 
     def _pass(self, batch: dict[str, torch.Tensor], scale: float) -> float:
         """Forward and backward of one micro-batch, its loss ``scale`` x its cross-entropy sum; that sum."""
-        b = {k: v.to(self.dist.device) for k, v in batch.items()}
+        b = to_device(batch, self.dist.device)
         ce, _ = token_ce_sum(self.model, b)
         loss = ce * scale
         if self.ds_engine is not None:
@@ -240,31 +252,30 @@ class SFTTrainer:
             loss.backward()
         return float(ce.detach())
 
-    def _fillers(self, batches: list[dict[str, torch.Tensor]], n: int) -> list[dict[str, torch.Tensor]]:
+    def _fillers(self, batches: list[dict[str, torch.Tensor]], n: int,
+                 peek: dict[str, torch.Tensor] | None) -> list[dict[str, torch.Tensor]]:
         """``n`` micro-batches for zero-weight passes: the last this rank trained, else (no step has given it
-        one yet) a look at its next pack, the stream and the skip counts put back so it trains in its turn."""
+        one yet) ``peek``, its next pack, which the feed prepared with the stream put back so it trains in its turn."""
         if batches and self.split.fillers:
             self._filler = batches[-1]
         if n <= 0:
             return []
         if self._filler is None:
-            state, skipped = StreamState(**self.stream.state.to_dict()), Counter(self.builder.skipped)
-            self._filler = self._collate(self.stream.next_batch())
-            self.stream.state, self.builder.skipped = state, skipped
+            self._filler = peek
         return [self._filler] * n
 
     def train_step(self) -> dict[str, Any]:
         cfg, split = self.cfg, self.split
         t0 = time.perf_counter()
-        micro = self.stream.step_batches(split.micro_sizes(self.dist.rank, self.global_step))
-        batches = [self._collate(m) for m in micro]
+        prepared = self.feed.get(self.global_step, trained=self._filler is not None)
+        micro, batches = prepared.micro, prepared.batches
         n_local = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
         copy_ce = self._copy_aux_step()
         n_global = parallel.all_reduce_sum(n_local)
         scale = self.dist.world_size / max(n_global, 1.0)  # FSDP/DDP average grads over ranks
         self.model.train()
         ce_total = sum(self._pass(b, scale) for b in batches)
-        for b in self._fillers(batches, split.passes - len(batches)):
+        for b in self._fillers(batches, split.passes - len(batches), prepared.peek):
             self._pass(b, 0.0)  # no gradient: this rank's part in the others' gathers and reduces
         if self.ds_engine is not None:
             self.ds_engine.step()
@@ -306,10 +317,10 @@ class SFTTrainer:
         """Train to ``max_steps`` (or stop early after step ``until``, as a crash would)."""
         cfg = self.cfg
         self._resume()
-        with TrainLoop(self, "sft") as loop:
+        with TrainLoop(self, "sft") as loop, self.feed:
             while self.global_step < cfg.max_steps:
                 m = self.train_step()
-                m["skipped_rows"] = dict(self.builder.skipped)
+                m["skipped_rows"] = dict(self.feed.skipped)
                 log_now = self.global_step % cfg.logging.log_every == 0 or self.global_step == cfg.max_steps
                 loop.log(m if log_now else None, self.global_step,
                          {"loss": f"{m['loss']:.3f}", "lr": f"{m['lr']:.1e}", "tok_s": f"{m['tokens_per_s']:.0f}"})

@@ -88,7 +88,10 @@ def test_the_same_step_on_one_two_and_three_gloo_ranks(world, tiny_dir, tmp_path
             assert len(set(got["forwards"])) == 1, (name, w, got["forwards"])  # the same count on every rank
             for k, d in case["delta"].items():
                 err = float((got["delta"][k] - d).abs().max())
-                assert err <= 3e-4 * float(d.abs().max()) + 1e-9, (name, w, k, err, float(d.abs().max()))
+                # a delta is the difference of two fp32 weights: where they are near 1 (the norms' weights) it
+                # is resolved only to fp32's spacing there (1.2e-7), whatever its size, so the bound allows
+                # one spacing on top of the relative agreement
+                assert err <= 3e-4 * float(d.abs().max()) + 1.2e-7, (name, w, k, err, float(d.abs().max()))
             for k in ("ppo/loss", "ppo/tokens", "ppo/kl", "ppo/kl_reward", "ppo/entropy", "ppo/clip_ratio",
                       "ppo/behav_dropped_ratio", "ppo/grad_norm", "rollout/logprob_gap", "ppo/entropy_think",
                       "gtr/nll", "gtr/sft_tokens", "rollout_corr/behav_weight_mean"):
