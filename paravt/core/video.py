@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from paravt.core.video_reader import Frame, VideoError, VideoInfo, VideoReader, _check_file
+from paravt.core.video_reader import SOURCE_ATTR, Frame, VideoError, VideoInfo, VideoReader, _check_file
 
 #: Qwen3-VL: 16-pixel patches merged 2×2 → a 32-pixel factor.
 DEFAULT_FACTOR = 32
@@ -324,6 +324,7 @@ def _frames_at(
         if todo:
             resized = r.frames(todo, post=lambda a: resize_frame(Image.fromarray(a), factor, min_pixels, max_pixels))
             for i, img in zip(todo, resized):
+                setattr(img, SOURCE_ATTR, (info.path, i, factor, min_pixels, max_pixels))  # decodable elsewhere
                 r.frame_cache[(i, factor, min_pixels, max_pixels)] = img
         imgs = []
         for k in keys:

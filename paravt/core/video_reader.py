@@ -42,6 +42,11 @@ class Frame:
     image: Image.Image
 
 
+#: Attribute of a frame image decoded by the PyAV reader: (path, index, factor, min_pixels, max_pixels), what
+#: decodes the same pixels again in another process (:mod:`paravt.core.frame_sources`).
+SOURCE_ATTR = "paravt_source"
+
+
 def local_path(path_or_url: str) -> str:
     """A filesystem path from a path or a ``file://`` URL."""
     p = str(path_or_url)

@@ -31,8 +31,7 @@ def encode_text(processor, text: str, images: list[Any] | None) -> tuple[list[in
     if images:
         imgs = ImageInputs(images)
         out = processor(text=[text], images=imgs.images, return_tensors="pt")
-        imgs._tensors = (out["pixel_values"], out["image_grid_thw"])
-        imgs._tensors_key = id(processor.image_processor)
+        imgs.cache_tensors(processor, out["pixel_values"], out["image_grid_thw"])
         return out["input_ids"][0].tolist(), imgs
     return processor.tokenizer.encode(text, add_special_tokens=False), None
 

@@ -11,8 +11,8 @@ most ``budget`` tokens, in order, so a prompt group's rollouts (consecutive in a
   sample (:func:`paravt.models.packed_attention.packed_call`);
 - the pixels of each distinct image once (images keyed by their content), their features reused for
   every sample that shows them (``shared_image_index``, :mod:`paravt.models.vision_attention`);
-- logits at the positions whose next token the loss reads only, scored per sample by
-  :func:`paravt.rl.logps.logps_from_logits` (the same code as the one-sample path).
+- logits at the positions whose next token the loss reads only, scored once for the whole pack by
+  :func:`paravt.rl.logps.kept_logps` (the same code as the one-sample path), then split per sample.
 
 Each sample's outputs equal its own forward's (``tests/rl/test_packing.py``): the same tokens, the
 same positions, attention restricted to the sample, the same image features.
@@ -38,7 +38,8 @@ from paravt.models import parallel
 
 from paravt.models.packed_attention import packed_call
 from paravt.models.vision_attention import SHARED_KWARG
-from paravt.rl.logps import logps_from_logits
+from paravt.models.positions import mrope_positions
+from paravt.rl.logps import kept_logps, scatter
 
 
 def bins(samples: Sequence, budget: int) -> list[list]:
@@ -152,31 +153,31 @@ def packed_logps(model, samples: Sequence, processor, image_token_id: int, visio
                  with_entropy: bool = False) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(log p, entropy or None) per sample, as :func:`paravt.rl.logps.forward_logps` with ``positions``
     returns them for that sample alone, from one forward of the pack."""
-    inner = model.model
-    ids_l, pos_l, keep, spans = [], [], [], []
+    ids_l, pos_l, keep, counts = [], [], [], []
     offset = 0
     pv, grid, grids, index = _distinct_images(samples, processor)
     for s, g, pos in zip(samples, grids, positions):
         ids = torch.tensor([list(s.input_ids)])
-        mm = (ids == image_token_id).long()
-        rope, _ = inner.get_rope_index(ids, mm, image_grid_thw=g)
+        rope = mrope_positions(model, ids, image_token_id, g)
         ids_l.append(ids[0])
         pos_l.append(torch.cat([torch.arange(ids.shape[1])[None], rope[:, 0]], 0))
         keep.extend(offset + t for t in pos)
-        spans.append((offset, ids.shape[1], len(pos)))
+        counts.append(len(pos))
         offset += ids.shape[1]
     input_ids = torch.cat(ids_l)[None].to(device)
+    kept = torch.tensor(keep, dtype=torch.long, device=device)
     kw = {"input_ids": input_ids, "position_ids": torch.cat(pos_l, 1)[:, None, :].to(device),
-          "mm_token_type_ids": (input_ids == image_token_id).long(), "use_cache": False,
-          "logits_to_keep": torch.tensor(keep, dtype=torch.long, device=device)}
+          "mm_token_type_ids": (input_ids == image_token_id).long(), "use_cache": False, "logits_to_keep": kept}
     if pv is not None:
         kw.update(pixel_values=pv.to(device), image_grid_thw=grid.to(device), **{SHARED_KWARG: index})
-    logits = packed_call(model, **kw).logits[0]
-    out, row = [], 0
-    for (start, length, n_pos), pos in zip(spans, positions):
+    logits = packed_call(model, **kw).logits.squeeze(0)  # a view: its backward allocates nothing
+    # log p over the pack's kept rows at once, then split: a slice of the logits per sample would give
+    # each sample's backward a zero gradient the size of the whole pack's logits
+    logp, ent = kept_logps(logits, input_ids[0, kept + 1], vision_ids, temperature, with_entropy)
+    out = []
+    for s, pos, lp, e in zip(samples, positions, logp.split(counts),
+                             ent.split(counts) if ent is not None else [None] * len(counts)):
         idx = torch.tensor(list(pos), dtype=torch.long, device=device)
-        targets = input_ids[0, start + 1:start + length]
-        out.append(logps_from_logits(logits[row:row + n_pos], targets, vision_ids, temperature, idx, length - 1,
-                                     with_entropy))
-        row += n_pos
+        n = len(s.input_ids) - 1
+        out.append((scatter(lp, idx, n), None if e is None else scatter(e, idx, n)))
     return out

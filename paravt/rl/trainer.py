@@ -4,7 +4,7 @@ One step, top to bottom (:meth:`RLTrainer.train` → :meth:`RLTrainer.step`)::
 
     batch = producer.get()              rank 0: RolloutWorker.collect(i) in a background thread
                                         (paravt.rl.rollout: K, episodes, rewards, advantages)
-    samples → every rank (broadcast): minibatches of the whole list, each split over the ranks by tokens
+    samples → every rank (paravt.rl.transfer): minibatches of the whole list, each split over the ranks by tokens
     decoupled PPO loss (+ KL) on this rank's part, FSDP2 gradient averaging,      (RLTrainer.train_on,
     optimizer step; [GTR on: + λ · NLL of corrected thoughts from the buffer]      paravt.rl.grpo, paravt.rl.gtr)
     new weights → engine, as the run's WeightUpdate says                  (EngineSync.push → EngineHandle.push_weights)
@@ -46,6 +46,7 @@ from paravt.rl.packing import average_gradients, bins, equalize, packed_logps, p
 from paravt.rl.engine_sync import EngineSync
 from paravt.rl.lost_work import LostWork
 from paravt.rl.rollout import PromptSchedule, RolloutBatch, RolloutProducer, RolloutWorker, Sample
+from paravt.rl.transfer import broadcast_step
 
 log = logging.getLogger("paravt.rl")
 
@@ -124,8 +125,7 @@ class RLTrainer:
         sft = None
         if batch is not None and self.gtr is not None:  # GTR: buffer this step's corrections, draw SFT samples
             sft = self.gtr.draw(batch.corrections, self.global_step, len(batch.samples))
-        samples, index, sft = parallel.broadcast_object(
-            (batch.samples, batch.index, sft) if batch is not None else None)
+        samples, index, sft = broadcast_step(batch, sft, self.dist.world_size)  # frames by source, no pixels
         if index != self.global_step:
             raise RuntimeError(f"rollout batch {index} does not match step {self.global_step}")
         t0 = time.perf_counter()
