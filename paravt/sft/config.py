@@ -183,6 +183,10 @@ class SFTConfig:
     # Prepare the next step's batches (video frames, image tensors, packs) on a background thread while a step
     # trains. null: on with CUDA; off on CPU, where the thread shares the GIL with training (measured: no gain).
     prefetch: bool | None = None
+    # Keep built examples (frames, image tensors, ids) in memory up to this many MB per rank, so later epochs
+    # reuse them instead of building them again (the same examples: building is deterministic). 0: off, as a
+    # real data set is read once or twice; the tiny recipes, whose small data sets repeat for many epochs, use it.
+    example_cache_mb: int = 0
     # Packed bins (packing) or rows (no packing) of one optimizer step over all ranks, whatever the world size
     # (the release's 4 packs per GPU on 8 GPUs: 32); the loss is the mean over the step's supervised tokens.
     # Slot k of the run is rank (k mod world size)'s next bin. Not a multiple of the world size: ranks short
@@ -217,6 +221,8 @@ class SFTConfig:
         for name in ("max_length", "global_batch_size", "max_steps", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.example_cache_mb < 0:
+            raise ValueError(f"example_cache_mb must be >= 0 (0: off), got {self.example_cache_mb}")
         if self.per_device_batch_size is not None and self.per_device_batch_size < 1:
             raise ValueError(f"per_device_batch_size must be >= 1 or null, got {self.per_device_batch_size}")
         if self.packing and self.per_device_batch_size not in (None, 1):

@@ -161,14 +161,54 @@ def tokenize_conversation(processor, messages: list[dict[str, Any]]) -> Example:
     return Example(ids, labels, img_inputs)
 
 
-class ExampleBuilder:
-    """SFTRow → Example, with the reasons rows are skipped counted."""
+def example_bytes(ex: Example) -> int:
+    """About what an Example holds in memory: its ids and labels, its images' pixels and their tensors."""
+    n = 2 * 36 * len(ex.input_ids)  # two lists of Python ints
+    if ex.images is not None:
+        n += sum(im.width * im.height * len(im.getbands()) for im in ex.images.images)
+        cached = getattr(ex.images, "_tensors", None)
+        if cached is not None:
+            n += sum(t.numel() * t.element_size() for t in cached)
+    return n
 
-    def __init__(self, processor, video: VideoSamplingConfig, max_length: int):
+
+class ExampleBuilder:
+    """SFTRow → Example, with the reasons rows are skipped counted.
+
+    ``cache_mb`` > 0 keeps built examples (and the reasons of skipped rows) by row until they fill that many
+    MB, so later epochs reuse them instead of decoding, resizing and tokenizing again: building is
+    deterministic (the same frames, the same ids), so a reused example is the one a new build would give,
+    and a skipped row is counted again each time it comes up, as when it is built again."""
+
+    def __init__(self, processor, video: VideoSamplingConfig, max_length: int, cache_mb: int = 0):
         self.processor, self.video, self.max_length = processor, video, max_length
         self.skipped: Counter = Counter()
+        self.cache_bytes, self.cached_bytes = cache_mb << 20, 0
+        self._cache: dict[int, Example | SkipRow] = {}  # by id() of the row: rows live as long as the stream
+        self.hits = 0
 
     def __call__(self, row: SFTRow) -> Example:
+        hit = self._cache.get(id(row))
+        if hit is not None:
+            self.hits += 1
+            if isinstance(hit, SkipRow):
+                self.skipped[hit.reason] += 1
+                raise hit
+            return hit
+        try:
+            ex = self._build(row)
+        except SkipRow as exc:
+            if self.cache_bytes:
+                self._cache[id(row)] = exc
+            raise
+        if self.cache_bytes:
+            size = example_bytes(ex)
+            if self.cached_bytes + size <= self.cache_bytes:
+                self._cache[id(row)] = ex
+                self.cached_bytes += size
+        return ex
+
+    def _build(self, row: SFTRow) -> Example:
         try:
             msgs = expand_media(row.messages, self.video)
         except VideoError as exc:
@@ -253,6 +293,7 @@ class PackedStream:
     world_size: int = 1
     state: StreamState = field(default_factory=StreamState)
     first_skip: str | None = None  # the first row skipped while building examples (named when none is usable)
+    _held: tuple[SFTRow, Example] | None = field(default=None, repr=False)  # (row, its example) left for the next bin
 
     def _share(self, epoch: int) -> list[int]:
         return epoch_order(len(self.rows), self.seed, epoch)[self.rank::self.world_size]
@@ -282,7 +323,9 @@ class PackedStream:
                 continue
             row = self.rows[share[self.state.cursor]]
             try:
-                ex = self.build(row)
+                # the row that did not fit the last bin opens this one: built once, not again
+                held, self._held = self._held, None
+                ex = held[1] if held is not None and held[0] is row else self.build(row)
             except SkipRow as exc:
                 log.debug("skip %s", exc)
                 if self.first_skip is None:
@@ -292,6 +335,7 @@ class PackedStream:
             empty_epochs = 0
             if self.pack:
                 if batch and n_tok + len(ex) > self.max_length:
+                    self._held = (row, ex)
                     return batch  # the row stays unconsumed: it opens the next bin
                 batch.append(ex)
                 n_tok += len(ex)

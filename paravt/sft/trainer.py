@@ -160,7 +160,7 @@ class SFTTrainer:
         if not rows:
             raise RuntimeError(f"no SFT rows: {report.summary()}; missing shards: {missing}")
         keep_open_videos(cfg.video.open_videos)  # a data set that fits decodes each frame once per run
-        self.builder = ExampleBuilder(self.processor, cfg.video, cfg.max_length)
+        self.builder = ExampleBuilder(self.processor, cfg.video, cfg.max_length, cfg.example_cache_mb)
         self.stream = PackedStream(rows, self.builder, cfg.seed, cfg.max_length, cfg.packing, self.split.micro,
                                    self.dist.rank, self.dist.world_size)
         cuda = self.dist.device.type == "cuda"
