@@ -89,6 +89,10 @@ os.execvp(sys.argv[1], sys.argv[1:])' "$@" &
   exit "$rc"
 }
 
+# cluster_check <prog>: NPROC, NNODES, NODE_RANK, MASTER_ADDR (resolved, bounded), MASTER_PORT, the timers and
+# NODE_GPUS, before anything starts (paravt.core.cluster); a bad one is one line naming it, exit 2.
+cluster_check() { python -m paravt.core.cluster "$1" || exit $?; }
+
 # nodes_check <prog>: NNODES, NODE_RANK (read as decimal) and MASTER_ADDR of a run on several nodes,
 # exported; a bad one is one line and exit 2.
 nodes_check() {
@@ -99,7 +103,7 @@ nodes_check() {
   if ! [[ "${NODE_RANK:-}" =~ ^[0-9]+$ ]] || (( 10#$NODE_RANK >= 10#$NNODES )); then
     echo "$prog: NODE_RANK=${NODE_RANK:-} must be one of 0..$((NNODES - 1)) (NNODES=$NNODES), a different one on each node" >&2; exit 2
   fi
-  NODE_RANK=$((10#$NODE_RANK))  # 08 -> 8
+  NNODES=$((10#$NNODES)) NODE_RANK=$((10#$NODE_RANK))  # 08 -> 8
   if [[ -z "${MASTER_ADDR:-}" ]]; then
     echo "$prog: set MASTER_ADDR to node 0's address, the same on every node (NNODES=$NNODES)" >&2; exit 2
   fi

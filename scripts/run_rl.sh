@@ -31,7 +31,7 @@ cd "$PARAVT_ROOT"
 script_help "${BASH_SOURCE[0]}" paravt.rl.train "$@"
 RECIPE="${1:-configs/rl/tiny.yaml}"; shift || true
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
-[[ "${NNODES:-1}" == 1 ]] || nodes_check run_rl.sh  # NNODES, NODE_RANK, MASTER_ADDR: one line, exit 2
+cluster_check run_rl.sh  # NPROC, NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, timers: one line, exit 2
 # GPU numbers in recipes are this job's logical indices; a scheduler's CUDA_VISIBLE_DEVICES maps them to
 # physical ones (for the trainers here, for the servers through PARAVT_VISIBLE_DEVICES).
 export PARAVT_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-}"
@@ -40,22 +40,30 @@ export PARAVT_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-}"
 # samples split over (RLConfig.check_world_size) and the RL rows; a problem is one line and exit 2.
 PRE="$(python - "$RECIPE" "$@" <<'PY'
 import sys, torch
+from paravt.core.cluster import check_url, node_gpus
 from paravt.core.config import parse_cli, require_cuda_if_needed
 from paravt.data.schema import DataError, load_rl_rows
 from paravt.rl.config import RLConfig
 from paravt.rl.layout import plan
 cfg = parse_cli(RLConfig, sys.argv[1:], "run_rl.sh")
+try:
+    for url in cfg.rollout.urls:  # http(s)://host:port, else the first weight push after a checkpoint fails
+        check_url(url)
+except ValueError as exc:
+    print(f"run_rl.sh: {exc}", file=sys.stderr)
+    sys.exit(2)
 require_cuda_if_needed(cfg, "run_rl.sh", sys.argv[1], "rl")
 try:
     cfg.check_inputs()
-    share = plan(cfg, torch.cuda.device_count())
+    ngpu = node_gpus(torch.cuda.device_count())  # Slurm's grant (NODE_GPUS) or what CUDA sees
+    share = plan(cfg, ngpu)
     cfg.check_world_size(share.world)
     if share.node_rank == 0:
         load_rl_rows(cfg.train_data)  # once per run: on node 0 of several (the folder is shared)
 except (DataError, ValueError) as exc:
     print(f"run_rl.sh: {' '.join(str(exc).split())}", file=sys.stderr)
     sys.exit(2)
-print(torch.cuda.device_count(), share.shell(), cfg.output_dir)
+print(ngpu, share.shell(), cfg.output_dir)
 PY
 )" || exit $?
 read -r NGPU TRAIN_GPUS NPROC _ TRAIN_NODES SERVERS MODE EXPECT SERVERS_TIMEOUT ROLLOUT_GPUS OUTPUT_DIR <<<"$PRE"
@@ -63,7 +71,7 @@ read -r NGPU TRAIN_GPUS NPROC _ TRAIN_NODES SERVERS MODE EXPECT SERVERS_TIMEOUT 
 # start their workers with NCCL's cuMem allocator off, so the trainer does too (the servers it or this
 # launcher starts inherit this environment), else the group can hang at its first broadcast.
 export NCCL_CUMEM_ENABLE="${NCCL_CUMEM_ENABLE:-0}"
-NNODES="${NNODES:-1}"
+NNODES=$((10#${NNODES:-1}))  # 02 -> 2
 if (( NNODES > 1 )); then multinode_setup run_rl.sh "$OUTPUT_DIR" "$TRAIN_NODES"; fi
 if [[ "$MODE" == layout ]]; then
   # rollout.layout: this node's servers start here (paravt.rl.node_servers); trainer rank 0 waits for

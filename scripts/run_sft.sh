@@ -11,8 +11,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" sft  # sets PARAVT_ROOT, the 
 cd "$PARAVT_ROOT"
 script_help "${BASH_SOURCE[0]}" paravt.sft.train "$@"
 RECIPE="${1:-configs/sft/tiny.yaml}"; shift || true
-if [[ -z "${NPROC:-}" ]]; then
-  NPROC=$(python -c 'import torch; print(torch.cuda.device_count() or 1)')
+cluster_check run_sft.sh  # NPROC, NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, timers: one line, exit 2
+if [[ -z "${NPROC:-}" ]]; then  # one process per GPU: Slurm's grant (NODE_GPUS) or what CUDA sees
+  NPROC=$(python -c 'import sys, torch
+from paravt.core.cluster import node_gpus
+try:
+    print(node_gpus(torch.cuda.device_count()) or 1)
+except ValueError as exc:
+    print(f"run_sft.sh: {exc}", file=sys.stderr)
+    sys.exit(2)') || exit $?
 fi
 if [[ "$NPROC" == 1 && "${NNODES:-1}" == 1 ]]; then
   # One process, no torchrun: the trainer checks the config and the files it names itself (one line naming

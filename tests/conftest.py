@@ -39,3 +39,13 @@ def tiny(tiny_dir):
     from paravt.models.loading import load_model, load_processor
 
     return load_model(tiny_dir).eval(), load_processor(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny8b_dir(tmp_path_factory) -> Path:
+    """A tiny Qwen3-VL with Qwen3-VL-8B's structure (``paravt.models.tiny.tiny_8b_structure_shape``)."""
+    from paravt.models.tiny import build_tiny, tiny_8b_structure_shape
+
+    out = tmp_path_factory.mktemp("tiny8b")
+    build_tiny(out, seed=0, shape=tiny_8b_structure_shape(), progress=False)
+    return out

@@ -116,3 +116,31 @@ def test_the_rl_sbatch_file_gives_each_node_its_share_of_the_layout(world, tiny_
         args = (tmp_path / f"torchrun.{node}.txt").read_text().splitlines()
         assert f"--nproc_per_node={ranks}" in args and "--nnodes=2" in args and "NNODES=2" in args, args
         assert "--rdzv-endpoint=127.0.0.1:" + str(20000 + 81234 % 10000) in args and "--rdzv-id=slurm-81234-0" in args
+
+
+def _gpus(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", "set -euo pipefail; source scripts/slurm/env.sh; echo \"${NODE_GPUS:-unset}\""],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("slurm,gpus", [({"SLURM_GPUS_ON_NODE": "4", "SLURM_GPUS_PER_NODE": "8"}, "4"),
+                                        ({"SLURM_GPUS_PER_NODE": "h100:4"}, "4"), ({"SLURM_GPUS_PER_NODE": "6"}, "6"),
+                                        ({"SLURM_GPUS_PER_NODE": "a100:2,v100:2"}, "4"),
+                                        ({"SLURM_GPUS_ON_NODE": "4", "NODE_GPUS": "2"}, "2"), ({}, "unset")])
+def test_a_nodes_gpus_come_from_slurms_grant(tmp_path, slurm, gpus):
+    env = {k: v for k, v in _slurm_env(tmp_path).items() if k != "NODE_GPUS"}
+    r = _gpus({**env, **slurm})
+    assert r.returncode == 0 and r.stdout.split() == [gpus], r.stderr
+
+
+def test_the_launchers_run_on_the_granted_gpus_and_refuse_more_than_cuda_sees():
+    from paravt.core.cluster import node_gpus
+    assert node_gpus(8, {"NODE_GPUS": "4"}) == 4 and node_gpus(8, {}) == 8 and node_gpus(0, {"NODE_GPUS": "8"}) == 0
+    with pytest.raises(ValueError, match="NODE_GPUS=8 .* but CUDA sees 4"):
+        node_gpus(4, {"NODE_GPUS": "8"})
+    for f in ("sft.sbatch", "rl.sbatch", "eval.sbatch"):
+        lines = (ROOT / "scripts/slurm" / f).read_text().splitlines()
+        assert "#SBATCH --mem=0" in lines, f  # the whole node's memory, not Slurm's per-CPU default
+        at = lines.index("#SBATCH --mem=0")
+        assert lines[at - 1].startswith("#") and "memory" in " ".join(lines[at - 2:at])  # said why
+        assert "NODE_GPUS" in (ROOT / "scripts/slurm/env.sh").read_text()

@@ -6,7 +6,8 @@
   :func:`preexec_die_with_parent` does the same for servers a trainer or eval starts (``Popen``).
 * :class:`OutputLock` — ``output_dir/.paravt.lock`` held with ``flock`` by the run's main process
   (released by the kernel when it dies, even under kill -9); a second run on the same directory
-  refuses with the holder's pid instead of racing it.
+  refuses with the holder's pid instead of racing it. On a filesystem without flock (ENOSYS, EOPNOTSUPP,
+  ENOLCK: Lustre mounted without it) it warns once, naming the folder, and the run goes on without the lock.
 
 * :func:`start_server` — a server in a process group of its own, watched by
   :mod:`paravt.core.reaper`: the whole group ends when the launcher does, even a server wedged in
@@ -17,6 +18,7 @@ Outside Linux both are no-ops (``prctl`` is Linux-only; the lock still works whe
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -51,6 +53,19 @@ def preexec_die_with_parent() -> None:
     die_with_parent(signal.SIGTERM)
 
 
+_NO_FLOCK = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK}
+_WARNED: set[str] = set()
+
+
+def _warn_no_flock(folder: Path, exc: OSError) -> None:
+    """One line per folder and process: the lock is off, a second run on ``folder`` is not refused."""
+    if str(folder) in _WARNED:
+        return
+    _WARNED.add(str(folder))
+    print(f"warning: {folder} is on a filesystem without flock ({os.strerror(exc.errno)}): running without the "
+          f"output lock, so a second run on this folder is not refused; start one run per output_dir", file=sys.stderr)
+
+
 class OutputLockBusy(RuntimeError):
     """Another live run holds the output directory."""
 
@@ -77,6 +92,12 @@ class OutputLock:
             fh.close()
             raise OutputLockBusy(f"{self.path.parent} is in use by another run (pid {holder}); stop it or choose "
                                  "another output directory") from None
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                fh.close()
+                raise
+            # a filesystem without flock (Lustre or NFS mounted without it): the run goes on unguarded
+            _warn_no_flock(self.path.parent, exc)
         fh.seek(0)
         fh.truncate()
         fh.write(str(os.getpid()))

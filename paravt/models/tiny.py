@@ -109,9 +109,29 @@ def validate_shape(s: TinyShape, tokenizer_size: int | None = None) -> None:
         raise ValueError("invalid tiny Qwen3-VL shape: " + "; ".join(errs))
 
 
-# ---------------------------------------------------------------------------------------
-# Tokenizer
-# ---------------------------------------------------------------------------------------
+def tiny_8b_structure_shape() -> TinyShape:
+    """Qwen3-VL-8B's structure at tiny width (:func:`paravt.models.reference_shapes.qwen3vl_8b_config`), for the
+    fast paths' equality tests: untied lm_head; text head_dim 128, GQA 4:1, the 8B's M-RoPE sections and theta;
+    vision head_dim 72, the 8B's patch/merge/temporal sizes and position grid; three deepstack levels from
+    intermediate blocks (as 8/16/24 of 27) into text layers 0-2, and one text layer without (as the 8B's 3..35)."""
+    from paravt.models.reference_shapes import qwen3vl_8b_config  # noqa: PLC0415
+
+    t, v = (c := qwen3vl_8b_config(num_hidden_layers=1)).text_config, c.vision_config
+    rope, levels, vision_head_dim = t.rope_parameters, len(v.deepstack_visual_indexes), v.hidden_size // v.num_heads
+    return TinyShape(
+        hidden_size=128, num_hidden_layers=levels + 1, num_attention_heads=t.num_attention_heads // t.num_key_value_heads,
+        num_key_value_heads=1, head_dim=t.head_dim, intermediate_size=384, rope_theta=float(rope["rope_theta"]),
+        mrope_section=list(rope["mrope_section"]), vision_depth=levels + 2, vision_hidden_size=2 * vision_head_dim,
+        vision_intermediate_size=4 * vision_head_dim, vision_num_heads=2, patch_size=v.patch_size,
+        spatial_merge_size=v.spatial_merge_size, temporal_patch_size=v.temporal_patch_size,
+        num_position_embeddings=v.num_position_embeddings,
+        deepstack_visual_indexes=list(range(1, levels + 1)), tie_word_embeddings=False)
+
+
+STRUCTURES = {"default": TinyShape, "8b": tiny_8b_structure_shape}  # --structure: the shape each names
+
+
+# --------------------------------------- Tokenizer ---------------------------------------
 
 def tokenizer_corpus(seed: int) -> list[str]:
     """Deterministic training text: every prompt mode, questions and expert traces of the
@@ -166,9 +186,7 @@ def build_tokenizer(seed: int = 0, vocab_size: int = 2048):
     return hf
 
 
-# ---------------------------------------------------------------------------------------
-# Processor and model
-# ---------------------------------------------------------------------------------------
+# ---------------------------------- Processor and model ----------------------------------
 
 def build_processor(tokenizer, shape: TinyShape, min_pixels: int = 784, max_pixels: int = 50176):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: PLC0415
@@ -364,11 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=TinyShape.tie_word_embeddings,
                    help="share the input embedding and the lm_head (tied, the small Qwen3s' layout); "
                         "--no-tie-embeddings: separate matrices, as the 8B")
+    p.add_argument("--structure", choices=sorted(STRUCTURES), default="default",
+                   help="8b: Qwen3-VL-8B's structure at tiny width (the size flags are ignored)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     shape = TinyShape(hidden_size=a.hidden_size, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                       num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate_size,
-                      tie_word_embeddings=a.tie_embeddings)
+                      tie_word_embeddings=a.tie_embeddings) if a.structure == "default" else STRUCTURES[a.structure]()
     warmup = CopyWarmup(steps=a.copy_warmup_steps, small_alphabet_frac=a.copy_small_alphabet)
     stats = build_tiny(a.out, a.seed, shape, warmup, progress=not a.no_progress)
     print(json.dumps({k: v for k, v in stats.items() if k != "shape"}, indent=2))

@@ -12,8 +12,9 @@ node's parts joined by ``+``, in the order they take the node's GPUs (the job's 
 
 ``train:7+rollout:1,rollout:8``: node 0 trains on GPUs 0-6 and serves on GPU 7, node 1 serves on all
 eight (9 servers for 7 trainer ranks). :func:`check_layout` holds every rule, each failure one line
-``rollout.layout='…': …``: one entry per node (``NNODES``); node 0 has trainer ranks (it hosts torchrun's
-rendezvous at ``MASTER_ADDR``); a node's parts fit its GPUs; rollout parts need a server engine; a layout
+``rollout.layout='…': …``: one entry per node (``NNODES``, repeat counts added up before expanding); node 0
+has trainer ranks (it hosts torchrun's rendezvous at ``MASTER_ADDR``); a node's parts fit its own GPUs
+(each node's launcher checks its entry: nodes may differ in size); rollout parts need a server engine; a layout
 without them needs ``rollout.urls``. A node with no ``train`` part only serves (its launcher starts no
 torchrun and ends with the run); one with no ``rollout`` part only trains. With a layout the layout alone
 places the servers: ``rollout.replicas``, the server's ``gpus`` and ``tp_size`` and ``NPROC`` are not read.
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+MAX_NODES = 65536  # the most node entries a layout expands to when NNODES is not known (the config's check)
 HF_SERVER_START_S = 300.0  # paravt.engines.backends.start_hf_server's health bound
 _PART = re.compile(r"(train):(\d+)|(rollout):(\d+)(?:x(\d+))?")
 
@@ -73,14 +75,17 @@ def _server_engines() -> list[str]:
 
 
 def check_layout(text: str, *, engine: str | None = None, urls: list[str] | tuple = (), nnodes: int | None = None,
-                 ngpu: int | None = None) -> list[Node]:
+                 ngpu: int | None = None, node: int | None = None) -> list[Node]:
     """The nodes of ``text``; a ``ValueError`` ``rollout.layout='…': why`` for any rule it breaks. The
-    config checks what it knows (``engine``, ``urls``), the launcher the rest (``nnodes``, ``ngpu``: the
-    GPUs of a node, nodes alike; 0 on CPU)."""
+    config checks what it knows (``engine``, ``urls``), the launcher the rest (``nnodes``; ``ngpu``: the
+    GPUs of node ``node``, whose entry alone is checked against them, as nodes may differ in size; without
+    ``node`` every node's; 0 on CPU). Repeat counts are added up before any entry is expanded, so a count
+    beyond ``NNODES`` (or :data:`MAX_NODES`) is refused at once."""
     def bad(why: str):
         raise ValueError(f"rollout.layout={text!r}: {why}")
 
-    nodes: list[Node] = []
+    entries: list[tuple[Node, int]] = []
+    total, bound = 0, MAX_NODES if nnodes is None else nnodes
     for entry in (e.strip() for e in str(text).split(",")):
         body, star, times = entry.partition("*")
         if not body.strip():
@@ -101,7 +106,13 @@ def check_layout(text: str, *, engine: str | None = None, urls: list[str] | tupl
                 bad(f"the entry '{entry}' names {kind} twice: one part of each kind per node")
             seen.add(kind)
             parts.append((kind, n, tp))
-        nodes += [Node(tuple(parts))] * (int(times) if star else 1)
+        k = int(times) if star else 1
+        total += k
+        if total > bound:
+            bad(f"'{entry}' brings the node entries to {total}, more than "
+                f"{'MAX_NODES=' if nnodes is None else 'NNODES='}{bound}: one per node, in NODE_RANK order")
+        entries.append((Node(tuple(parts)), k))
+    nodes = [n for n, k in entries for _ in range(k)]  # at most NNODES (MAX_NODES) long
     if nnodes is not None and len(nodes) != nnodes:
         bad(f"{len(nodes)} node entr{'y' if len(nodes) == 1 else 'ies'} for NNODES={nnodes}: one per node, in "
             f"NODE_RANK order (ENTRY*K repeats one)")
@@ -116,8 +127,11 @@ def check_layout(text: str, *, engine: str | None = None, urls: list[str] | tupl
     if engine in servers and not serving and not urls:
         bad(f"no node has a rollout part and rollout.urls is empty: rollout.engine={engine} has no server")
     for i, n in enumerate(nodes):
+        if node is not None and i != node:
+            continue  # checked on its own node, against its own GPUs
         if ngpu and n.gpus > ngpu:
-            bad(f"node {i} '{n}' takes {n.gpus} GPUs, a node has {ngpu}")
+            bad(f"node {i} '{n}' takes {n.gpus} GPUs, " + (f"node {i} has {ngpu}" if node is not None
+                                                           else f"a node has {ngpu}"))
         if ngpu == 0 and n.tp > 1:
             bad(f"node {i} '{n}': tensor parallel (rollout:SxT, T > 1) needs GPUs; on CPU each server is one process")
     return nodes
@@ -183,7 +197,7 @@ def plan(cfg: Any, ngpu: int, env: Mapping[str, str] = os.environ) -> Plan:
         nproc = nproc_env or len(gpus) or 1
         world = world_size(ngpu, rollout, nnodes, nproc_env) if ngpu else nproc * nnodes
         return Plan(node, nnodes, gpus, nproc, world, nnodes, [], None, rollout, timeout_s)
-    nodes = check_layout(r.layout, engine=r.engine, urls=r.urls, nnodes=nnodes, ngpu=ngpu)
+    nodes = check_layout(r.layout, engine=r.engine, urls=r.urls, nnodes=nnodes, ngpu=ngpu, node=node)
     me = nodes[node]
     if nproc_env is not None and nproc_env != me.count("train"):
         raise ValueError(f"NPROC={nproc_env}, but rollout.layout={r.layout!r} runs {me.count('train')} trainer rank(s) "

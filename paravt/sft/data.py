@@ -161,54 +161,15 @@ def tokenize_conversation(processor, messages: list[dict[str, Any]]) -> Example:
     return Example(ids, labels, img_inputs)
 
 
-def example_bytes(ex: Example) -> int:
-    """About what an Example holds in memory: its ids and labels, its images' pixels and their tensors."""
-    n = 2 * 36 * len(ex.input_ids)  # two lists of Python ints
-    if ex.images is not None:
-        n += sum(im.width * im.height * len(im.getbands()) for im in ex.images.images)
-        cached = getattr(ex.images, "_tensors", None)
-        if cached is not None:
-            n += sum(t.numel() * t.element_size() for t in cached)
-    return n
-
-
 class ExampleBuilder:
-    """SFTRow → Example, with the reasons rows are skipped counted.
+    """SFTRow → Example, with the reasons rows are skipped counted (:class:`paravt.sft.example_cache.CachedBuilder`
+    keeps what it builds across epochs)."""
 
-    ``cache_mb`` > 0 keeps built examples (and the reasons of skipped rows) by row until they fill that many
-    MB, so later epochs reuse them instead of decoding, resizing and tokenizing again: building is
-    deterministic (the same frames, the same ids), so a reused example is the one a new build would give,
-    and a skipped row is counted again each time it comes up, as when it is built again."""
-
-    def __init__(self, processor, video: VideoSamplingConfig, max_length: int, cache_mb: int = 0):
+    def __init__(self, processor, video: VideoSamplingConfig, max_length: int):
         self.processor, self.video, self.max_length = processor, video, max_length
         self.skipped: Counter = Counter()
-        self.cache_bytes, self.cached_bytes = cache_mb << 20, 0
-        self._cache: dict[int, Example | SkipRow] = {}  # by id() of the row: rows live as long as the stream
-        self.hits = 0
 
     def __call__(self, row: SFTRow) -> Example:
-        hit = self._cache.get(id(row))
-        if hit is not None:
-            self.hits += 1
-            if isinstance(hit, SkipRow):
-                self.skipped[hit.reason] += 1
-                raise hit
-            return hit
-        try:
-            ex = self._build(row)
-        except SkipRow as exc:
-            if self.cache_bytes:
-                self._cache[id(row)] = exc
-            raise
-        if self.cache_bytes:
-            size = example_bytes(ex)
-            if self.cached_bytes + size <= self.cache_bytes:
-                self._cache[id(row)] = ex
-                self.cached_bytes += size
-        return ex
-
-    def _build(self, row: SFTRow) -> Example:
         try:
             msgs = expand_media(row.messages, self.video)
         except VideoError as exc:

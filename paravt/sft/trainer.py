@@ -45,6 +45,7 @@ from paravt.models.trainloop import TrainLoop
 from paravt.sft.config import SFTConfig
 from paravt.sft.data import (IGNORE, ExampleBuilder, PackedStream, StreamState, collate_packed, collate_padded,
                              load_manifest, padding_stats)
+from paravt.sft.example_cache import CachedBuilder
 from paravt.sft.feed import StepFeed, to_device
 
 log = logging.getLogger("paravt.sft")
@@ -160,8 +161,9 @@ class SFTTrainer:
         if not rows:
             raise RuntimeError(f"no SFT rows: {report.summary()}; missing shards: {missing}")
         keep_open_videos(cfg.video.open_videos)  # a data set that fits decodes each frame once per run
-        self.builder = ExampleBuilder(self.processor, cfg.video, cfg.max_length, cfg.example_cache_mb)
-        self.stream = PackedStream(rows, self.builder, cfg.seed, cfg.max_length, cfg.packing, self.split.micro,
+        self.builder = ExampleBuilder(self.processor, cfg.video, cfg.max_length)
+        build = CachedBuilder(self.builder, cfg.example_cache_mb) if cfg.example_cache_mb else self.builder
+        self.stream = PackedStream(rows, build, cfg.seed, cfg.max_length, cfg.packing, self.split.micro,
                                    self.dist.rank, self.dist.world_size)
         cuda = self.dist.device.type == "cuda"
         # pixels cast on the host only where the model casts them to that dtype anyway (FSDP2 mixed precision)

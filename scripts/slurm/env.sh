@@ -4,6 +4,8 @@
 #   MASTER_ADDR  the first host of SLURM_JOB_NODELIST (scontrol show hostnames), unless set
 #   MASTER_PORT  20000 + SLURM_JOB_ID mod 10000, unless set (one port per job: jobs sharing a node differ)
 #   RDZV_ID      slurm-<job id>-<restart count>: a requeued job rendezvouses afresh
+#   NODE_GPUS    the GPUs Slurm grants this node: SLURM_GPUS_ON_NODE, else the job's --gpus-per-node
+#                (SLURM_GPUS_PER_NODE, [type:]count), unless set; the launchers run on that many
 # A missing Slurm variable is one line naming it, exit 2.
 _slurm_need() {
   if [[ -z "${!1:-}" ]]; then
@@ -27,3 +29,18 @@ fi
 export MASTER_ADDR
 export MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 10000 ))}"
 export RDZV_ID="${RDZV_ID:-slurm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}}"
+if [[ -z "${NODE_GPUS:-}" ]]; then
+  if [[ -n "${SLURM_GPUS_ON_NODE:-}" ]]; then
+    NODE_GPUS="$SLURM_GPUS_ON_NODE"
+  elif [[ -n "${SLURM_GPUS_PER_NODE:-}" ]]; then
+    _slurm_n=0  # h100:4 -> 4; a100:2,v100:2 -> 4
+    IFS=, read -ra _slurm_gres <<<"$SLURM_GPUS_PER_NODE"
+    for _slurm_g in "${_slurm_gres[@]}"; do
+      _slurm_g="${_slurm_g%%(*}"; _slurm_g="${_slurm_g##*:}"
+      [[ "$_slurm_g" =~ ^[0-9]+$ ]] && _slurm_n=$(( _slurm_n + 10#$_slurm_g ))
+    done
+    (( _slurm_n > 0 )) && NODE_GPUS="$_slurm_n"
+  fi
+fi
+[[ -n "${NODE_GPUS:-}" ]] && export NODE_GPUS
+true

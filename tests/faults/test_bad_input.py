@@ -270,3 +270,66 @@ def test_inference_script_bad_input(extra, fragment, tiny_dir, tmp_path):
                        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert fragment in r.stderr.strip().splitlines()[-1]
+
+
+# --------------------------------------------------------------------------- cluster variables of the launchers
+# (launcher, variables, message fragment). Each refused by scripts/_common.sh cluster_check before any preflight
+# or torchrun: exit 2, one line naming the variable, within seconds.
+CLUSTER = ("NPROC", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HEARTBEAT_S", "RDZV_TIMEOUT",
+           "FS_CHECK_TIMEOUT", "SERVERS_TIMEOUT", "MAX_RESTARTS", "NODE_GPUS")
+CLUSTER_CASES = [
+    ("run_rl.sh", {"NPROC": "0"}, "NPROC=0 must be a whole number >= 1"),
+    ("run_sft.sh", {"NPROC": "0"}, "NPROC=0 must be a whole number >= 1"),
+    ("run_rl.sh", {"NPROC": "two"}, "NPROC=two must be a whole number >= 1"),
+    ("run_sft.sh", {"NPROC": "two"}, "NPROC=two must be a whole number >= 1"),
+    ("run_rl.sh", {"MASTER_PORT": "70000"}, "MASTER_PORT=70000 must be a TCP port, 1..65535"),
+    ("run_sft.sh", {"MASTER_PORT": "0"}, "MASTER_PORT=0 must be a TCP port"),
+    ("run_rl.sh", {"HEARTBEAT_S": "0"}, "HEARTBEAT_S=0 must be a number of seconds > 0"),
+    ("run_sft.sh", {"RDZV_TIMEOUT": "soon"}, "RDZV_TIMEOUT=soon must be a number of seconds > 0"),
+    ("run_rl.sh", {"MAX_RESTARTS": "-1"}, "MAX_RESTARTS=-1 must be a whole number >= 0"),
+    ("run_rl.sh", {"NNODES": "two"}, "NNODES=two must be a whole number >= 1"),
+    ("run_sft.sh", {"NNODES": "0"}, "NNODES=0 must be a whole number >= 1"),
+    ("run_rl.sh", {"NNODES": "2", "NODE_RANK": "one", "MASTER_ADDR": "127.0.0.1"}, "NODE_RANK=one must be one of 0..1"),
+    ("run_sft.sh", {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "127.0.0.1"}, "NODE_RANK=2 must be one of 0..1"),
+    ("run_rl.sh", {"NNODES": "2", "NODE_RANK": "1"}, "set MASTER_ADDR to node 0's address"),
+    ("run_rl.sh", {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "no-such-host.invalid"},
+     "MASTER_ADDR=no-such-host.invalid does not resolve"),
+    ("run_sft.sh", {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "no-such-host.invalid"},
+     "MASTER_ADDR=no-such-host.invalid does not resolve"),
+    ("run_rl.sh", {"NODE_GPUS": "eight"}, "NODE_GPUS=eight must be a whole number >= 0"),
+]
+
+
+@pytest.mark.parametrize("script,env,fragment", CLUSTER_CASES, ids=[f"cluster{i}" for i in range(len(CLUSTER_CASES))])
+def test_bad_cluster_variables_are_one_line_before_torchrun(script, env, fragment, tmp_path):
+    import os
+    import time
+    base = {k: v for k, v in os.environ.items() if k not in CLUSTER}
+    recipe = "configs/rl/tiny.yaml" if script == "run_rl.sh" else "configs/sft/tiny.yaml"
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", f"scripts/{script}", recipe, f"output_dir={tmp_path / 'out'}"], capture_output=True,
+                       text=True, cwd=Path(__file__).resolve().parents[2], env={**base, **env}, timeout=60)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith(f"{script}: ") and fragment in err[0], r.stderr
+    assert time.monotonic() - t0 < 20 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("url,why", [("not-a-url", "scheme must be http or https"), ("ftp://h:1", "scheme"),
+                                     ("http://:8000", "names no host"), ("http://h:99999", "port must be 1..65535"),
+                                     ("http://h:port", "port must be 1..65535"), ("https://h:0", "port must be")])
+def test_a_rollout_url_of_the_wrong_form_is_one_line_naming_it(url, why):
+    from paravt.core.cluster import check_url
+    with pytest.raises(ValueError) as e:
+        check_url(url)
+    assert str(e.value).startswith(f"rollout.urls: {url!r} is not a server URL") and why in str(e.value)
+    for good in ("http://10.0.0.5:30000", "https://rollout.example.org", "http://[::1]:8000/v1"):
+        assert check_url(good) == good
+
+
+def test_run_rl_refuses_a_malformed_rollout_url_in_its_preflight(tmp_path):
+    r = subprocess.run(["bash", "scripts/run_rl.sh", "configs/rl/tiny.yaml", "rollout.urls=[not-a-url]",
+                        f"output_dir={tmp_path / 'rl'}"], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[2], timeout=120)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "rollout.urls: 'not-a-url' is not a server URL" in err[0], r.stderr
+    assert not (tmp_path / "rl").exists()

@@ -1,5 +1,6 @@
 """sdpa_varlen: attention within each packed sequence gives the logits of plain SDPA with its
-block-diagonal mask, runs one kernel call per sequence, and leaves every other input to SDPA."""
+block-diagonal mask, runs one kernel call per sequence, and leaves every other input to SDPA. The packed
+equality runs on both tiny models, the 8B-structured one also in bf16 (:mod:`tests.models.tiny_cases`)."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 from paravt.data.schema import load_sft_rows
 from paravt.models.packed_attention import NAME, sequence_starts
 from paravt.sft.data import ExampleBuilder, VideoSamplingConfig, collate_packed, collate_padded
+from tests.models.tiny_cases import CASE_IDS, CASES, assert_close, case_for
 
 
 def test_sequence_starts_are_where_positions_restart():
@@ -15,12 +17,16 @@ def test_sequence_starts_are_where_positions_restart():
     assert sequence_starts(torch.tensor([[5, 6, 0, 1]])) == [0, 2]
 
 
-@pytest.fixture(scope="module")
-def models(tiny_dir):
+def _models(path, dtype="float32"):
     from paravt.models.loading import default_attn_implementation, load_model
 
     assert default_attn_implementation() == NAME  # no CUDA flash-attn here: the default
-    return load_model(tiny_dir, attn_implementation="sdpa").eval(), load_model(tiny_dir).eval()
+    return load_model(path, dtype, attn_implementation="sdpa").eval(), load_model(path, dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    return _models(tiny_dir)
 
 
 def _logits(model, batch):
@@ -28,13 +34,12 @@ def _logits(model, batch):
         return model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits
 
 
-def test_packed_rows_match_sdpa_and_take_one_call_per_sequence(models, tiny, world, monkeypatch):
-    plain, varlen = models
+@pytest.mark.parametrize("which", CASES, ids=CASE_IDS)
+def test_packed_rows_match_sdpa_and_take_one_call_per_sequence(which, request, world, monkeypatch):
+    case = case_for(request, *which, world)
+    plain, varlen = _models(case.path, case.dtype)
     assert varlen.config._attn_implementation == NAME
-    _, proc = tiny
-    rows = load_sft_rows([world / "local" / "paravt_sft_synth.parquet"])[0]
-    b = ExampleBuilder(proc, VideoSamplingConfig(), 8192)
-    exs = [b(r) for r in rows[:4]]
+    proc, exs = case.processor, case.examples
     itid = varlen.config.image_token_id
     packed = collate_packed(exs, proc, itid, varlen.model.get_rope_index)
 
@@ -52,7 +57,7 @@ def test_packed_rows_match_sdpa_and_take_one_call_per_sequence(models, tiny, wor
     assert packed["input_ids"].shape[1] not in seen  # never the whole row
     monkeypatch.setattr(sdpa_mod, "sdpa_attention_forward", real)
     want = _logits(plain, packed)
-    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    assert_close(got, want, case.dtype, atol=1e-5, rtol=1e-4)
 
 
 def test_padded_batches_and_single_sequences_are_plain_sdpa(models, tiny, world):

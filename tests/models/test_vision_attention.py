@@ -1,6 +1,7 @@
 """The vision tower's batched attention: one SDPA kernel per block for one video's frames (counted at the
 dispatcher), the same features and gradients as transformers' per-frame loop, and the linear patch
-embedding equal to the Conv3d."""
+embedding equal to the Conv3d. The feature equality runs on both tiny models, the 8B-structured one (vision
+head_dim 72, three deepstack levels) also in bf16 (:mod:`tests.models.tiny_cases`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from paravt.models.vision_attention import frame_runs
+from tests.models.tiny_cases import CASE_IDS, CASES, DIR_FIXTURES, assert_close
 
 
 class AttentionCalls(TorchDispatchMode):
@@ -30,16 +32,21 @@ def test_frame_runs_group_consecutive_frames_of_one_size():
     assert frame_runs(torch.tensor([[8, 6, 10]])) == ((0, 8, 60),)
 
 
-@pytest.fixture(scope="module")
-def towers(tiny_dir):
+def _towers(path, dtype="float32"):
     """(transformers' own model, the project's load_model), the same weights, training mode."""
     from transformers import AutoModelForImageTextToText
 
     from paravt.models.loading import load_model
 
-    plain = AutoModelForImageTextToText.from_pretrained(str(tiny_dir), attn_implementation="sdpa").train()
-    fast = load_model(tiny_dir).train()
+    plain = AutoModelForImageTextToText.from_pretrained(str(path), attn_implementation="sdpa",
+                                                        dtype=getattr(torch, dtype)).train()
+    fast = load_model(path, dtype).train()
     return plain, fast
+
+
+@pytest.fixture(scope="module")
+def towers(tiny_dir):
+    return _towers(tiny_dir)
 
 
 def _inputs(visual, grid, seed=0):
@@ -64,8 +71,11 @@ def test_one_attention_call_per_block_for_one_videos_frames(towers, grid):
     assert counts == [frames * depth, depth]  # before: one call per frame per block; now one per block
 
 
-def test_features_and_gradients_equal_the_per_frame_loop(towers):
-    plain, fast = towers
+@pytest.mark.parametrize("which", CASES, ids=CASE_IDS)
+def test_features_and_gradients_equal_the_per_frame_loop(which, request):
+    name, dtype = which
+    plain, fast = _towers(request.getfixturevalue(DIR_FIXTURES[name]), dtype)
+    assert len(fast.model.visual.deepstack_merger_list) == {"tiny": 1, "tiny8b": 3}[name]
     grid = torch.tensor([[1, 4, 4]] * 6 + [[2, 8, 4]] + [[1, 4, 8]] * 3)  # three runs of different sizes
     x = _inputs(fast.model.visual, grid, seed=1)
     outs = []
@@ -76,12 +86,13 @@ def test_features_and_gradients_equal_the_per_frame_loop(towers):
         loss.backward()
         outs.append((o, {n: p.grad.clone() for n, p in model.model.visual.named_parameters() if p.grad is not None}))
     (a, ga), (b, gb) = outs
-    assert torch.allclose(a.pooler_output, b.pooler_output, atol=1e-5, rtol=1e-4)
-    for fa, fb in zip(a.deepstack_features, b.deepstack_features):
-        assert torch.allclose(fa, fb, atol=1e-5, rtol=1e-4)
+    assert_close(b.pooler_output, a.pooler_output, dtype, atol=1e-5, rtol=1e-4, what="merger")
+    assert len(a.deepstack_features) == len(b.deepstack_features)
+    for i, (fa, fb) in enumerate(zip(a.deepstack_features, b.deepstack_features)):
+        assert_close(fb, fa, dtype, atol=1e-5, rtol=1e-4, what=f"deepstack {i}")
     assert ga.keys() == gb.keys() and "patch_embed.proj.weight" in ga
     for n in ga:
-        assert torch.allclose(ga[n], gb[n], atol=1e-5, rtol=1e-3), n
+        assert_close(gb[n], ga[n], dtype, atol=1e-5, rtol=1e-3, what=n)
 
 
 def test_patch_embedding_is_a_linear_on_the_same_parameter(towers):

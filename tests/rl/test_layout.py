@@ -179,3 +179,33 @@ def test_discovery_is_off_without_a_layout_and_empty_when_no_node_serves(tmp_pat
     monkeypatch.setenv("PARAVT_SERVERS_TIMEOUT", "0.5")
     with pytest.raises(EngineError, match="node 1"):
         discovered_servers()
+
+
+@pytest.mark.parametrize("nnodes", [2, None])  # the launcher's check (NNODES) and the config's (no NNODES)
+def test_a_huge_repeat_count_is_refused_at_once_naming_its_entry(nnodes):
+    t0 = time.monotonic()
+    with pytest.raises(ValueError) as e:
+        check_layout("train:1,rollout:1*1000000000", engine="sglang", nnodes=nnodes, ngpu=8)
+    msg = str(e.value)
+    assert time.monotonic() - t0 < 1.0 and "\n" not in msg
+    assert msg.startswith("rollout.layout='train:1,rollout:1*1000000000': 'rollout:1*1000000000' brings the node "
+                          "entries to 1000000001, more than "), msg
+    assert ("NNODES=2" if nnodes else "MAX_NODES=") in msg
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"'rollout:1\*1000000000' brings"):
+        _cfg(EIGHT_B, "rollout.layout=train:1,rollout:1*1000000000")  # the config check expands nothing either
+    with pytest.raises(ValueError, match=r"'rollout:1\*1000' brings the node entries to 1001, more than NNODES=2"):
+        plan(_cfg(EIGHT_B, "rollout.layout=train:1,rollout:1*1000"), 8, _env(0))
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_each_node_checks_its_own_entry_against_its_own_gpus():
+    """Nodes of different sizes: an 8-GPU trainer node and a 4-GPU rollout node. Each launcher knows only its
+    own GPUs, so it checks its own entry; the other node's entry is checked on that node."""
+    cfg = _cfg(EIGHT_B, "rollout.layout=train:8,rollout:4")
+    a, b = plan(cfg, 8, _env(0)), plan(cfg, 4, _env(1))
+    assert (a.nproc, a.servers, b.nproc, b.servers) == (8, [], 0, [[0], [1], [2], [3]])
+    with pytest.raises(ValueError, match=r"node 0 'train:8' takes 8 GPUs, node 0 has 4$"):
+        plan(cfg, 4, _env(0))  # the trainer node given the small node's GPUs
+    with pytest.raises(ValueError, match=r"node 1 'rollout:4' takes 4 GPUs, node 1 has 2$"):
+        plan(cfg, 2, _env(1))

@@ -7,7 +7,8 @@ import torch
 
 from paravt.data.schema import load_sft_rows
 from paravt.models.loading import load_processor
-from paravt.sft.data import ExampleBuilder, PackedStream, VideoSamplingConfig, example_bytes
+from paravt.sft.data import ExampleBuilder, PackedStream, VideoSamplingConfig
+from paravt.sft.example_cache import CachedBuilder, example_bytes
 
 
 def _packs(stream: PackedStream, n: int):
@@ -35,7 +36,7 @@ def test_cached_examples_give_the_same_packs_over_several_epochs(world, tiny_dir
     proc = load_processor(tiny_dir)
     video = VideoSamplingConfig(max_frames=8)
     plain = PackedStream(rows, ExampleBuilder(proc, video, 1500), seed=3, max_length=1500)
-    cached_builder = ExampleBuilder(proc, video, 1500, cache_mb=512)
+    cached_builder = CachedBuilder(ExampleBuilder(proc, video, 1500), cache_mb=512)
     cached = PackedStream(rows, cached_builder, seed=3, max_length=1500)
     n = 3 * len(rows)  # past at least two epochs
     _same(_packs(plain, n), _packs(cached, n))
@@ -49,8 +50,8 @@ def test_a_skipped_row_is_counted_each_time_it_comes_up(world, tiny_dir):
     proc = load_processor(tiny_dir)
     counts = []
     for mb in (0, 512):
-        b = ExampleBuilder(proc, VideoSamplingConfig(max_frames=8), 400, cache_mb=mb)  # long rows are skipped
-        s = PackedStream(rows, b, seed=1, max_length=400)
+        b = ExampleBuilder(proc, VideoSamplingConfig(max_frames=8), 400)  # long rows are skipped
+        s = PackedStream(rows, CachedBuilder(b, mb) if mb else b, seed=1, max_length=400)
         for _ in range(8):
             try:
                 s.next_batch()
@@ -63,10 +64,10 @@ def test_a_skipped_row_is_counted_each_time_it_comes_up(world, tiny_dir):
 def test_the_cache_stops_at_its_budget(world, tiny_dir):
     rows, _ = load_sft_rows([str(world / "local/paravt_sft_synth.parquet")])
     proc = load_processor(tiny_dir)
-    b = ExampleBuilder(proc, VideoSamplingConfig(max_frames=8), 8192, cache_mb=1)
+    b = CachedBuilder(ExampleBuilder(proc, VideoSamplingConfig(max_frames=8), 8192), cache_mb=1)
     sizes = [example_bytes(b(r)) for r in rows[:10]]
-    assert 0 < b.cached_bytes <= 1 << 20
-    assert len(b._cache) < 10 and sum(sizes) > 1 << 20
+    assert 0 < b.used <= 1 << 20
+    assert 0 < len(b) < 10 and sum(sizes) > 1 << 20
 
 
 def test_the_row_that_opens_a_bin_is_built_once(world, tiny_dir):
