@@ -71,3 +71,58 @@ def vllm_server(sft_checkpoint, tmp_path_factory):
     srv = VLLMServer(cfg).start()
     yield srv
     srv.stop()
+
+
+def start_rollout_server(model, log_dir: Path, name: str):
+    """A vLLM server in rollout mode (our worker extension: weight pushes, versions) serving ``model``."""
+    from paravt.engines.vllm import VLLMServer, VLLMServerConfig
+    from paravt.models.parallel import free_port
+
+    python = os.environ.get("PARAVT_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
+    cfg = VLLMServerConfig(model_path=str(model), python=python, port=free_port(), dtype="float32", enforce_eager=True,
+                           cpu_kvcache_space_gb=1, served_model_name="paravt-tiny", rollout=True,
+                           log_file=str(log_dir / f"{name}.log"))
+    return VLLMServer(cfg).start()
+
+
+class RestartableServer:
+    """One rollout server shared by the group's modules in turn, started again only when a test left it dead
+    (each vLLM start costs ~40 s of the group's time). What it holds is each test's to set: a test that needs
+    the SFT checkpoint's weights gets them back (A -> B -> A) or runs before the tests that change them."""
+
+    def __init__(self, model, log_dir: Path, name: str):
+        self.model, self.log_dir, self.name, self.srv, self.starts = model, log_dir, name, None, 0
+
+    def get(self):
+        if self.srv is None or self.srv.proc.poll() is not None:
+            if self.srv is not None:
+                self.srv.stop()
+            self.starts += 1
+            self.srv = start_rollout_server(self.model, self.log_dir, f"{self.name}{self.starts}")
+        return self.srv
+
+    def stop(self):
+        if self.srv is not None:
+            self.srv.stop()
+
+
+@pytest.fixture(scope="session")
+def _rollout_holder(sft_checkpoint, tmp_path_factory):
+    h = RestartableServer(sft_checkpoint, tmp_path_factory.mktemp("rollout_logs"), "rollout")
+    yield h
+    h.stop()
+
+
+@pytest.fixture
+def rollout_server(_rollout_holder):
+    """The group's rollout server serving the SFT checkpoint (restarted if an earlier test left it dead)."""
+    return _rollout_holder.get()
+
+
+@pytest.fixture(scope="session")
+def spare(sft_checkpoint, tmp_path_factory):
+    """A second rollout server for the tests that need one of their own (a second group member, a server
+    half-written by a refused version, one killed mid-push, one a run did not launch, the router's second)."""
+    s = RestartableServer(sft_checkpoint, tmp_path_factory.mktemp("spare_logs"), "spare")
+    yield s
+    s.stop()

@@ -52,45 +52,6 @@ def _metrics(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def rollout_server(sft_checkpoint, tmp_path_factory):
-    from paravt.engines.vllm import VLLMServer, VLLMServerConfig
-    from paravt.models.parallel import free_port
-
-    cfg = VLLMServerConfig(model_path=str(sft_checkpoint), python=PY, port=free_port(), dtype="float32",
-                           enforce_eager=True, cpu_kvcache_space_gb=1, served_model_name="paravt-tiny", rollout=True,
-                           log_file=str(tmp_path_factory.mktemp("rl_logs") / "vllm.log"))
-    srv = VLLMServer(cfg).start()
-    yield srv
-    srv.stop()
-
-
-class _Spare:
-    """A second server for the tests that need one of their own (a second group member, a server
-    half-written by a refused version, one killed mid-push, one this run did not launch): one process
-    shared by them in turn, started again only when a test left it dead. Each vLLM start costs ~40 s
-    of the group's time; what it holds is each test's to set (none assumes its weights)."""
-
-    def __init__(self, model, tmp_path):
-        self.model, self.tmp, self.srv, self.starts = model, tmp_path, None, 0
-
-    def get(self):
-        if self.srv is None or self.srv.proc.poll() is not None:
-            if self.srv is not None:
-                self.srv.stop()
-            self.starts += 1
-            self.srv = _start_server(self.model, self.tmp, f"spare{self.starts}")
-        return self.srv
-
-
-@pytest.fixture(scope="module")
-def spare(sft_checkpoint, tmp_path_factory):
-    s = _Spare(sft_checkpoint, tmp_path_factory.mktemp("spare_logs"))
-    yield s
-    if s.srv is not None:
-        s.srv.stop()
-
-
-@pytest.fixture(scope="module")
 def prompt(sft_world, sft_checkpoint):
     """An overview prompt with 4 frames as images: (ids, images, processor)."""
     from paravt.agent.episode import EpisodeConfig, EpisodeSample, build_overview
@@ -180,16 +141,6 @@ def _versions(srv, proc):
             await eng.close()
 
     return asyncio.run(go())
-
-
-def _start_server(model, tmp_path, name="vllm2"):
-    from paravt.engines.vllm import VLLMServer, VLLMServerConfig
-    from paravt.models.parallel import free_port
-
-    cfg = VLLMServerConfig(model_path=str(model), python=PY, port=free_port(), dtype="float32", enforce_eager=True,
-                           cpu_kvcache_space_gb=1, served_model_name="paravt-tiny", rollout=True,
-                           log_file=str(tmp_path / f"{name}.log"))
-    return VLLMServer(cfg).start()
 
 
 def _rescore_gap(model_dir, prompt, out, temperature: float) -> float:
@@ -530,7 +481,7 @@ def test_a_server_killed_mid_broadcast_fails_the_push_within_the_timeout(spare, 
     from paravt.engines.base import EngineError
 
     proc = prompt[2]
-    srv = spare.get()  # the last test to use it: it ends dead
+    srv = spare.get()  # it ends dead: the next user of the spare (the router module) starts it again
     h = _handle([srv], proc, timeout_s=60.0)
 
     def kill_after_first(gather):
@@ -606,12 +557,15 @@ def _cmdline(pid: int) -> str:
 
 
 # Staleness 0 with broadcast at T = 0.7 is test_two_servers_serve_and_hold_every_version's (two ranks, two servers).
+# These runs take the module's rollout server by URL (the run pushes its own weights first, as tested above):
+# the launch of a run's own server is what the recipe, kill and two-server tests below go through.
 @pytest.mark.parametrize("staleness,temperature,sync", [(0, 0.7, "disk"), (2, 1.0, "broadcast")])
-def test_rl_steps_against_a_vllm_server(staleness, temperature, sync, sft_world, sft_checkpoint, tmp_path):
+def test_rl_steps_against_a_vllm_server(staleness, temperature, sync, rollout_server, sft_world, sft_checkpoint,
+                                        tmp_path):
     out = tmp_path / f"rl_s{staleness}_{sync}"
     r = _run_rl(_rl_args(sft_world, sft_checkpoint, out, "max_steps=6", "save_every=6",
                          f"grpo.max_staleness={staleness}", f"grpo.temperature={temperature}",
-                         f"rollout.weight_sync={sync}"))
+                         f"rollout.weight_sync={sync}", "rollout.replicas=0", f"rollout.urls=[{rollout_server.cfg.url}]"))
     assert r.returncode == 0, r.stderr[-3000:]
     rec = _metrics(out)
     assert [m["step"] for m in rec] == list(range(1, 7))

@@ -30,28 +30,22 @@ overview = test_rl_vllm.prompt  # its fixture: a 4-frame overview prompt, (ids, 
 pytestmark = pytest.mark.real_server
 
 ROOT = Path(__file__).resolve().parents[2]
-PY = os.environ.get("PARAVT_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
 SLL = re.compile(r"SLL: (?:new session|session) '([^']+)' -> (?:existing )?replica '([^']+)'")
 
 
 @pytest.fixture(scope="module")
-def routed(sft_checkpoint, tmp_path_factory):
-    """(pool, servers, router log): two servers started one after the other, then the router."""
+def routed(_rollout_holder, spare, sft_checkpoint, tmp_path_factory):
+    """(pool, servers, router log): the group's two rollout servers (its rollout server and its spare), then
+    the router in front of them."""
     from paravt.engines.router import RoutedPool, RouterConfig
-    from paravt.engines.vllm import VLLMEngine, VLLMServer, VLLMServerConfig
+    from paravt.engines.vllm import VLLMEngine
     from paravt.models.loading import load_processor
-    from paravt.models.parallel import free_port
     from paravt.models.tokenize import image_pad_id, vision_token_ids
 
     logs = tmp_path_factory.mktemp("router_logs")
     tok = load_processor(sft_checkpoint).tokenizer
-    servers, pool = [], None
+    servers, pool = [_rollout_holder.get(), spare.get()], None
     try:
-        for i in range(2):
-            servers.append(VLLMServer(VLLMServerConfig(
-                model_path=str(sft_checkpoint), python=PY, port=free_port(), dtype="float32", enforce_eager=True,
-                cpu_kvcache_space_gb=1, served_model_name="paravt-tiny", rollout=True,
-                log_file=str(logs / f"vllm{i}.log"))).start())
         engines = [VLLMEngine(s.cfg.url, server=s, model="paravt-tiny", max_retries=0, image_token_id=image_pad_id(tok),
                               banned_token_ids=vision_token_ids(tok)) for s in servers]
         log_file = logs / "router.log"
@@ -61,8 +55,6 @@ def routed(sft_checkpoint, tmp_path_factory):
     finally:
         if pool is not None:
             pool.router.stop()
-        for s in servers:
-            s.stop()
 
 
 def _where(log_file: Path, since: int) -> list[tuple[str, str]]:
