@@ -34,6 +34,7 @@ from paravt.agent.tools import (CropConfig, Tool, ToolContext, ToolResult, build
 from paravt.agent.trajectory import ToolCallRecord, Trajectory, TurnRecord
 from paravt.core import prompts
 from paravt.core.config import check_choices, choice
+from paravt.engines.router import end_episode
 from paravt.core.seeding import stable_hash
 from paravt.core.video import probe, run_decode, sample_overview
 from paravt.core.video_reader import Frame
@@ -271,6 +272,7 @@ async def run_episode(sample: EpisodeSample, engine, processor, cfg: EpisodeConf
     else:  # pragma: no cover - the loop always breaks
         traj.end_reason = "max_turns"
     traj.seconds = time.perf_counter() - t_start
+    await end_episode(engine)  # a router's session for this episode ends now (one that raises: the router's TTL)
     return traj
 
 

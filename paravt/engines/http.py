@@ -53,8 +53,11 @@ def http_transient_errors() -> tuple[type[BaseException], ...]:
 def weight_group_env() -> dict[str, str]:
     """What a rollout server needs in its environment to meet the trainer in one NCCL weight group:
     NCCL's cuMem allocator set as the trainer has it (``NCCL_CUMEM_ENABLE``; ``run_rl.sh`` exports 0,
-    which SGLang and vLLM use for their own workers), so both ends of the group agree."""
-    return {"NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0")}
+    which SGLang and vLLM use for their own workers), so both ends of the group agree; and the interfaces the
+    user names for NCCL and gloo (``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``), so the servers join on the
+    network the trainer chose."""
+    return {"NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0"),
+            **{k: os.environ[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if os.environ.get(k)}}
 
 
 def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 300.0,

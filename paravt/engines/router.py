@@ -16,6 +16,11 @@ request through it.
   no dead server the error goes back to the episode (a bad request is not a dead server). Weight pushes,
   the version each server holds and the probes reach the servers directly, as in the pool; with none left
   every request fails at once and the next push ends the run (exit 3).
+* The router counts each server's open keys ("sessions") and gives a new key to the server with the
+  fewest. An episode's view ends its session when the episode ends (:func:`end_episode`, which the
+  episode owner calls): the pool sends ``POST /finish_session?session_id=<key>``, so the count is of
+  episodes in flight. A key that is never finished (an episode that raised) is dropped by the router
+  after ``session_ttl_s`` without a request (``VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S``).
 
 Why not SGLang's router: ``sglang-router`` 0.3.2 rebuilds ``/generate`` from its own typed request and
 drops ``sampling_params.logit_bias`` (the ban on generating vision placeholder tokens); SGLang runs keep
@@ -35,12 +40,13 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, SamplingParams
-from paravt.engines.pool import EnginePool
+from paravt.engines.pool import EnginePool, PinnedEngine
 from paravt.engines.sglang import SGLangServer
 from paravt.engines.vllm import VLLMEngine
 
 log = logging.getLogger(__name__)
 
+SESSION_TTL_ENV = "VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S"  # sticky_least_loaded's idle session expiry (s)
 KEY_HEADER = "X-Session-ID"  # the first header vllm-router reads a routing key from (src/policies/hash_key.rs)
 _KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("paravt_router_key", default=None)
 _SERVED = re.compile(r'^vllm_router_processed_requests_total\{worker="([^"]+)"\}\s+(\S+)', re.M)
@@ -53,6 +59,9 @@ class RouterConfig:
     port: int = 0  # 0: a free port
     metrics_port: int = 0  # its Prometheus port (requests per server, :meth:`RoutedPool.take_served`); 0: a free port
     startup_timeout_s: float = 120.0  # give up waiting for /readiness after this
+    # a key unused this long is dropped from the router's per-server session count (the episodes that
+    # ended are released at once, see end_episode; this only bounds those that raised)
+    session_ttl_s: int = 1800
     log_file: str | None = None  # the router's log (null: vllm-router_<port>.log)
     extra_args: list[str] = field(default_factory=list)  # more vllm-router flags
 
@@ -100,7 +109,7 @@ class VLLMRouter(SGLangServer):
         self.worker_urls = [u.rstrip("/") for u in worker_urls]
 
     def command(self) -> tuple[list[str], dict[str, str]]:
-        return router_command(self.cfg, self.worker_urls), {}
+        return router_command(self.cfg, self.worker_urls), {SESSION_TTL_ENV: str(int(self.cfg.session_ttl_s))}
 
     def log_tail(self, n: int = 40) -> str:
         return re.sub(r"\x1b\[[0-9;]*m", "", super().log_tail(n))  # it colours its log even into a file
@@ -127,17 +136,35 @@ class VLLMRouter(SGLangServer):
                           f"server(s) healthy within {self.cfg.startup_timeout_s:.0f} s (last /readiness: {seen}):\n"
                           f"{self.log_tail()}")
 
-    def remove(self, url: str) -> None:
-        """Stop routing to ``url`` (its keys move to a live server at their next request)."""
+    def workers(self) -> list[str]:
+        """The servers the router routes to (``/list_workers``)."""
         import requests  # noqa: PLC0415
 
+        r = requests.get(self.cfg.url + "/list_workers", timeout=5)
+        r.raise_for_status()
+        return [u.rstrip("/") for u in r.json()["urls"]]
+
+    def remove(self, url: str) -> bool:
+        """Stop routing to ``url`` (its keys move to a live server at their next request). The router
+        answers 200 even for a URL it does not know, so its worker list is read before and after: a URL
+        that was never listed, or is still listed, is one warning line. True when it was removed."""
+        import requests  # noqa: PLC0415
+
+        url = url.rstrip("/")
         try:
+            before = self.workers()
             r = requests.post(self.cfg.url + "/remove_worker", params={"url": url}, timeout=5)
-            ok, why = r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}"
-        except requests.RequestException as exc:
-            ok, why = False, str(exc)
-        if not ok:
+            after = self.workers() if r.status_code == 200 else before
+            why = None if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:200]}"
+        except (requests.RequestException, ValueError, KeyError) as exc:
+            before, after, why = [], [], f"{type(exc).__name__}: {exc}"
+        if why is None and url not in before:
+            why = f"it was not among the router's workers {before}"
+        elif why is None and url in after:
+            why = "it is still among the router's workers after /remove_worker"
+        if why is not None:
             log.warning("vllm-router at %s did not remove the evicted server %s (%s)", self.cfg.url, url, why)
+        return why is None
 
     def served(self) -> dict[str, int]:
         """Requests the router has sent to each server since it started (its Prometheus counter)."""
@@ -175,6 +202,23 @@ class RouterClient(VLLMEngine):
         return self._session
 
 
+async def end_episode(engine) -> None:
+    """The episode owner's end-of-episode hook, called once with the view it got from ``for_episode``
+    after the episode's last request: a routed view releases its router session; any other engine has
+    nothing to release."""
+    end = getattr(engine, "end_episode", None)
+    if end is not None:
+        await end()
+
+
+class RoutedPin(PinnedEngine):
+    """One episode's view of a :class:`RoutedPool`: its requests carry its key; :meth:`end_episode`
+    releases the key's session in the router."""
+
+    async def end_episode(self) -> None:
+        await self.pool.finish_session(self.key)
+
+
 class RoutedPool(EnginePool):
     """Rollout servers (``engines``, each reached directly for weights and probes) whose requests go
     through ``router`` (see the module docstring)."""
@@ -184,6 +228,8 @@ class RoutedPool(EnginePool):
         super().__init__(engines, probe_timeout_s)
         self.router, self.client = router, client
         self._served_base = self._read_served() or {}
+        self.open_sessions: set[str] = set()  # keys sent through the router and not finished yet
+        self._finish_failed = False
 
     @classmethod
     def start(cls, engines: Sequence[VLLMEngine], cfg: RouterConfig | None = None, probe_timeout_s: float = 10.0,
@@ -206,6 +252,32 @@ class RoutedPool(EnginePool):
             super().evict(i, why)
             self.router.remove(self.names[i])
 
+    def for_episode(self, key: str) -> RoutedPin:
+        return RoutedPin(self, key)
+
+    async def finish_session(self, key: str) -> None:
+        """``POST /finish_session?session_id=<key>``: the router stops counting ``key`` on its server. A
+        key never sent is not asked about; a failed call is one warning per run (a key left open only
+        skews the balance until the router's TTL drops it)."""
+        import aiohttp  # noqa: PLC0415
+
+        if key not in self.open_sessions:
+            return
+        self.open_sessions.discard(key)
+        try:
+            session = await self.client._http()
+            async with session.post(self.router.cfg.url + "/finish_session", params={"session_id": key},
+                                    timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if r.status == 200:
+                    return
+                why = f"HTTP {r.status}: {(await r.text())[:200]}"
+        except Exception as exc:  # noqa: BLE001 - a release is best effort: never the episode's failure
+            why = f"{type(exc).__name__}: {exc}"
+        (log.debug if self._finish_failed else log.warning)(
+            "vllm-router at %s did not finish session %r (%s); it is dropped after %d s unused",
+            self.router.cfg.url, key, why, self.router.cfg.session_ttl_s)
+        self._finish_failed = True
+
     async def route(self, pin, input_ids, images, params: SamplingParams) -> GenerationOutput:
         """One request through the router, under ``pin``'s key; sent again when a server was evicted while
         it was in flight (by this failure's probes or by another's: requests fail together when their server
@@ -215,6 +287,8 @@ class RoutedPool(EnginePool):
                 return GenerationOutput([], [], "error", self.weight_version, error=self.none_left())
             gone = len(self.evicted)
             self.client.weight_version = self.weight_version  # a turn whose server reports no version
+            if pin is not None:
+                self.open_sessions.add(pin.key)
             token = _KEY.set(pin.key if pin is not None else None)
             try:
                 out = await self.client.generate(input_ids, images, params)

@@ -13,7 +13,8 @@ One push of version ``v`` to every server of a run, top to bottom (:meth:`Broadc
 A server that dies, rejects a bucket or stalls ends the push with an :class:`EngineError` within
 ``timeout_s`` (the broadcast's own timeout, or the server's failed request seen while the bytes
 are in flight); the trainer then checkpoints and exits 3. The server clients are the engines'
-own (:class:`~paravt.engines.vllm.VLLMEngine`, :class:`~paravt.engines.sglang.SGLangEngine`).
+own (:class:`~paravt.engines.vllm.VLLMEngine`, :class:`~paravt.engines.sglang.SGLangEngine`). The
+group's address (never loopback while a server is on another host): :mod:`paravt.engines.weight_addr`.
 """
 
 from __future__ import annotations
@@ -21,24 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import threading
 from typing import Any, Sequence
 
 from paravt.engines.base import EngineError
+from paravt.engines.weight_addr import weight_group_address
 from paravt.core.weight_sync import GROUP_NAME, WeightBuckets, broadcast, destroy_weight_group, init_weight_group
 
 log = logging.getLogger(__name__)
-
-
-def default_master_address(urls: Sequence[str]) -> str:
-    """The address servers reach the trainer at: loopback when every server is local, else this host's name."""
-    from urllib.parse import urlparse  # noqa: PLC0415
-
-    hosts = {urlparse(u).hostname for u in urls}
-    if hosts <= {"127.0.0.1", "localhost", "::1"}:
-        return "127.0.0.1"
-    return socket.gethostbyname(socket.getfqdn())
 
 
 class BroadcastPush:
@@ -67,7 +58,7 @@ class BroadcastPush:
 
         workers = await asyncio.gather(*(c.weight_workers() for c in clients))
         world = 1 + sum(workers)
-        addr = self.master_address or default_master_address(urls)
+        addr = weight_group_address(urls, self.master_address)  # never loopback with a server elsewhere
         port = free_port()
         offsets = [1 + sum(workers[:i]) for i in range(len(clients))]
         self.members = list(urls)

@@ -35,7 +35,7 @@ class WeightUpdate:
     transport: Transport
     bucket_bytes: int = 1 << 30  # broadcast: bytes per bucket (rank 0's extra memory: one bucket + one parameter)
     backend: GroupBackend = "gloo"  # broadcast: the weight group's backend
-    master_address: str | None = None  # broadcast: where servers reach trainer rank 0 (None: loopback or this host)
+    master_address: str | None = None  # broadcast: where servers reach trainer rank 0 (None: paravt.engines.weight_addr)
     # broadcast: one transfer (a disk reload is bounded by the handle's load_timeout_s, rollout.sync_timeout_s)
     timeout_s: float = 300.0
     join_timeout_s: float = 30.0  # broadcast: the group's formation
