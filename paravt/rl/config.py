@@ -4,6 +4,7 @@ field; the 8B recipes set the paper's values, the tiny ones the embedded default
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal
 
 from paravt.agent.tools import CropConfig, check_tools
@@ -13,7 +14,9 @@ from paravt.core.prompts import PromptSource
 from paravt.engines.registry import EngineBackend, backend_names, get_backend
 from paravt.engines.sglang import SGLangServerConfig
 from paravt.engines.vllm import VLLMServerConfig
-from paravt.rl.gating import DEFAULT_CHOICES
+from paravt.rl.dynamic_sampling import check_dynamic_sampling
+from paravt.rl.gating import DEFAULT_CHOICES, check_gating_choices
+from paravt.rl.loss_agg import LossAgg, check_loss_agg_norm
 from paravt.rl.rewards.judge import JudgeConfig
 from paravt.rl.rewards.terms import RewardKnobs
 
@@ -42,13 +45,7 @@ class GatingConfig:
     choices: list[int] = field(default_factory=lambda: list(DEFAULT_CHOICES))  # the K values drawn per prompt
 
     def __post_init__(self):
-        if not self.choices or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in self.choices):
-            raise ValueError(f"paravt.gating.choices must be a non-empty list of frame counts >= 1, got {self.choices!r} "
-                             f"(the release draws from {list(DEFAULT_CHOICES)})")
-        odd = [k for k in self.choices if k not in DEFAULT_CHOICES]
-        if odd:
-            import warnings  # noqa: PLC0415
-            warnings.warn(f"paravt.gating.choices {odd} are outside the release's {list(DEFAULT_CHOICES)}", stacklevel=2)
+        check_gating_choices(self.choices)
 
 
 @dataclass
@@ -135,6 +132,10 @@ class GRPOConfig:
     rollout_corr_cap: float = 2.0  # C of both
     ppo_minibatches: int = 1  # optimizer steps per RL step
     max_staleness: int = 2  # rollouts may be this many policy versions old (0 = synchronous)
+    loss_agg: str = choice(LossAgg)  # token-mean (the release's AReaL loss) | seq-mean-token-mean | seq-mean-token-sum
+    loss_agg_norm: float | None = None  # seq-mean-token-sum's constant divisor (null: hierarchical_agent.max_new_tokens)
+    dynamic_sampling: bool = False  # drop zero-spread groups, draw more prompts (off as released)
+    dynamic_sampling_max_prompts: int | None = None  # prompts drawn per step at most (null: 3 x prompts_per_step)
 
     def __post_init__(self):
         if self.n_samples < 2:
@@ -146,6 +147,8 @@ class GRPOConfig:
         if self.ppo_minibatches < 1 or self.max_staleness < 0:
             raise ValueError("grpo.ppo_minibatches >= 1 and grpo.max_staleness >= 0 required")
         check_choices(self, "grpo")
+        check_loss_agg_norm(self.loss_agg_norm)
+        check_dynamic_sampling(self)
         if self.rollout_corr_cap <= 1:
             raise ValueError(f"grpo.rollout_corr_cap must be > 1, got {self.rollout_corr_cap}")
         if (self.rollout_is or self.rollout_rs) and self.behav_imp_weight_cap is None:
@@ -196,7 +199,7 @@ class RolloutConfig:
     weight_sync: str = choice(WeightSync)  # auto | broadcast | disk (see above)
     bucket_mb: int = 1024  # broadcast: MiB per bucket (rank 0's extra memory during a push: one bucket + one parameter)
     sync_backend: str = choice(SyncBackend)  # broadcast: auto (nccl when the trainer and the servers have GPUs, else gloo) | nccl | gloo
-    sync_address: str | None = None  # broadcast: the address servers reach trainer rank 0 at (null: loopback for local servers, else this host)
+    sync_address: str | None = None  # broadcast: the address servers reach trainer rank 0 at (null: paravt.engines.weight_addr)
     # A push that has not finished after this long (a stalled group, a server that stopped receiving)
     # ends the run: one line, exit 3, a checkpoint. Also bounds a disk reload.
     sync_timeout_s: float = 300.0
@@ -344,8 +347,6 @@ class RLConfig:
         require(self, model_path="model_path is required (the SFT checkpoint directory)",
                 train_data="train_data: give at least one RL parquet")
         if self.data_root:
-            from pathlib import Path  # noqa: PLC0415
-
             self.train_data = [p if Path(p).is_absolute() else str(Path(self.data_root) / p) for p in self.train_data]
         if self.max_steps < 1 or self.save_every < 1:
             raise ValueError("max_steps and save_every must be >= 1")
@@ -355,8 +356,6 @@ class RLConfig:
     def check_inputs(self) -> None:
         """The files a run reads exist (called by the trainer before any model loads; not in
         ``__post_init__``, so a recipe can be read on a machine without its data)."""
-        from pathlib import Path  # noqa: PLC0415
-
         missing = [p for p in self.train_data if not Path(p).is_file()]
         if missing:
             raise ValueError(f"train_data: no such file {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")

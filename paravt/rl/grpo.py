@@ -21,9 +21,9 @@ KL to a reference), every item a setting of the recipe:
    weights before the update) and each token is weighted by the behaviour importance weight
    exp(logp_prox − logp_behav) against the engine's log-probs; tokens whose weight exceeds
    ``behav_imp_weight_cap`` (5) are dropped from the loss.
-6. **Token-level aggregation**: the loss is summed over every policy token of the batch and
-   divided by their total count (across ranks), not averaged per sequence first
-   (:func:`gtr_objective`, the objective the trainer backpropagates, with GTR's NLL term when on).
+6. **Token-level aggregation** (``loss_agg: token-mean``; other modes: :mod:`paravt.rl.loss_agg`): the loss
+   summed over every policy token of the batch, divided by their count (across ranks), not averaged per
+   sequence first (:func:`gtr_objective`, the objective the trainer backpropagates, + GTR's NLL when on).
 7. KL to the frozen reference, coefficient 0.01, in one of two places (``kl_mode``):
    ``reward_k1`` (the release): a per-token reward −β·(log π_behav − log π_ref) whose
    return-to-go over the policy tokens is added to each token's advantage before the batch
@@ -260,9 +260,9 @@ def policy_tokens(samples: Sequence) -> int:
 
 
 def gtr_objective(rl_loss_sum, n_rl: float, nll_sum, n_sft: float, lam: float):
-    """L = L_PARA-GRPO + λ · mean NLL: both terms are token means (over policy / corrected-thought tokens),
-    so with no SFT tokens it is the PPO loss's token mean. Linear in both sums: the trainer backpropagates
-    it pack by pack with each pack's sums and the step's counts."""
+    """L = L_PARA-GRPO + λ · mean NLL: the PPO term over ``n_rl`` (the step's policy tokens, or its sequences:
+    :mod:`paravt.rl.loss_agg`), the NLL a token mean over corrected-thought tokens. Linear in both sums: the
+    trainer backpropagates it pack by pack with each pack's sums and the step's counts."""
     return rl_loss_sum / max(n_rl, 1) + lam * nll_sum / max(n_sft, 1)
 
 

@@ -29,14 +29,16 @@ class LostWork:
 
     def check(self, batch: RolloutBatch | None, global_step: int) -> None:
         """Stop rather than train on nothing. A step is bad when it skipped more than
-        ``rollout.max_skipped_fraction`` of its prompts (their episodes lost work) or kept no sample;
+        ``rollout.max_skipped_fraction`` of its prompts (their episodes lost work) or kept no sample (a step
+        whose groups dynamic sampling all dropped for zero reward spread lost no work and is not bad);
         after ``rollout.max_bad_steps`` bad steps in a row every rank saves the last good weights as a
         checkpoint and raises :class:`~paravt.models.stage_main.RunAborted` (one line, exit 3).
         Collective: every rank calls it."""
         r = self.cfg.rollout
         abort = None
         if batch is not None:
-            bad = batch.skipped_fraction > r.max_skipped_fraction or not batch.samples
+            no_signal = batch.metrics.get("dynamic_sampling/groups_dropped", 0) > 0
+            bad = batch.skipped_fraction > r.max_skipped_fraction or (not batch.samples and not no_signal)
             self.bad_steps = self.bad_steps + 1 if bad else 0
             if bad and self.bad_steps == 1:
                 self.first_bad_error = batch.first_error or "no samples"

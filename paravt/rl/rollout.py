@@ -6,6 +6,9 @@ a :class:`RolloutBatch` (rank 0 only; the trainer ranks never touch the engine):
           ─► rewards R_acc + w·R_fmt + R_tool ─► advantages ─► samples (exact ids, loss mask,
              engine logprobs, advantage) + metrics + a seeded sample of trajectories
 
+With ``grpo.dynamic_sampling`` (off as released) the groups whose rewards have no spread are dropped
+and more prompts drawn before the advantages (:mod:`paravt.rl.dynamic_sampling`).
+
 :class:`RolloutProducer` runs ``collect`` in a background thread, at most
 ``grpo.max_staleness`` policy versions ahead of the trainer (0 = synchronous).
 """
@@ -22,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 import logging
 
+import torch
+
 from paravt.agent.episode import EpisodeConfig, EpisodeSample, OverviewCache, run_episode
 from paravt.agent.tools import build_tools, call_parser
 from paravt.agent.trajectory import SequenceRecord, Trajectory
@@ -29,8 +34,9 @@ from paravt.core.scoring import episode_well_formed, turn_well_formed
 from paravt.core.seeding import rng, stable_hash
 from paravt.models.images import ImageInputs
 from paravt.rl.config import RLConfig
+from paravt.rl.dynamic_sampling import DrawnGroups, dynamic_sample, max_prompts
 from paravt.rl.gating import choose_k
-from paravt.rl.grpo import compute_advantages
+from paravt.rl.grpo import compute_advantages, shape_rewards
 from paravt.rl.rewards.terms import compute_reward
 
 log = logging.getLogger(__name__)
@@ -70,12 +76,27 @@ class PromptSchedule:
             raise ValueError("no RL prompts")
         self.samples, self.per_step, self.seed = samples, per_step, seed
 
-    def batch(self, step: int) -> list[EpisodeSample]:
+    def indices(self, step: int) -> list[int]:
         n = len(self.samples)
         out = []
         for pos in range(step * self.per_step, (step + 1) * self.per_step):
             epoch, j = divmod(pos, n)
-            out.append(self.samples[int(rng(self.seed, "rl-order", epoch).permutation(n)[j])])
+            out.append(int(rng(self.seed, "rl-order", epoch).permutation(n)[j]))
+        return out
+
+    def batch(self, step: int) -> list[EpisodeSample]:
+        return [self.samples[i] for i in self.indices(step)]
+
+    def extra(self, step: int, start: int, count: int) -> list[EpisodeSample]:
+        """Positions [start, start + count) of step ``step``'s extra stream (dynamic sampling): seeded
+        permutations, one per pass, of the prompts outside the step's batch (of every prompt when the batch holds
+        them all)."""
+        base = set(self.indices(step))
+        pool = [i for i in range(len(self.samples)) if i not in base] or list(range(len(self.samples)))
+        out = []
+        for pos in range(start, start + count):
+            rnd, j = divmod(pos, len(pool))
+            out.append(self.samples[pool[int(rng(self.seed, "rl-extra", step, rnd).permutation(len(pool))[j])]])
         return out
 
 
@@ -158,46 +179,20 @@ class RolloutWorker:
         cfg, grpo = self.cfg, self.cfg.grpo
         t0 = time.perf_counter()
         prompts = self.schedule.batch(step)
-        # 1. nFrames gating: one K per prompt, a pure function of (seed, sample id).
-        ks = [choose_k(s.sample_id, cfg.seed, cfg.paravt.gating.nframes_gating, cfg.paravt.gating.choices,
-                       cfg.hierarchical_agent.nframes) for s in prompts]
-        # 2. n episodes per prompt, all in flight at once (the engine batches them).
-        jobs, groups, episode_ks = [], [], []
-        for gi, (s, k) in enumerate(zip(prompts, ks)):
-            for j in range(grpo.n_samples):
-                jobs.append(run_episode(s, self.engine, self.processor, self.episode_cfg, k,
-                                        seed=stable_hash(cfg.seed, "rollout", step, gi, j), cache=self.cache,
-                                        tools=self.tools))
-                groups.append(gi)
-                episode_ks.append(k)
-        trajs = list(await asyncio.gather(*jobs, return_exceptions=True))
-        # 2b. A prompt whose episodes lost work (its video does not decode, the engine or a sub-agent's
-        # server failed) is skipped whole: its group's rewards would be biased. Counted and logged,
-        # never the end of training.
-        for i, t in enumerate(trajs):
-            if isinstance(t, BaseException):
-                if not isinstance(t, Exception):
-                    raise t
-                trajs[i] = Trajectory(prompts[groups[i]].sample_id, episode_ks[i], SequenceRecord(), end_reason="error",
-                                      error=f"{type(t).__name__}: {t}")
-        lost = sorted({gi for t, gi in zip(trajs, groups) if t.faults})
-        first = None
-        if lost:
-            first = next(f"{prompts[gi].sample_id}: {t.faults[0]}" for t, gi in zip(trajs, groups) if t.faults)
-            first = " ".join(first.split())[:500]
-            log.warning("rollout step %d: skipped %d of %d prompt(s) that lost work (first: %s)", step, len(lost),
-                        len(prompts), first)
-            keep = [i for i, gi in enumerate(groups) if gi not in lost]
-            trajs, groups = [trajs[i] for i in keep], [groups[i] for i in keep]
-            episode_ks = [episode_ks[i] for i in keep]
-        # 3. Rewards on the main agent's text as written (pure functions of paravt.rl.rewards.terms).
-        knobs = cfg.paravt.knobs()
-        rewards = []
-        for t, gi in zip(trajs, groups):
-            s = prompts[gi]
-            executed = any(c.ok for turn in t.turns for c in turn.calls)
-            rewards.append(compute_reward(t.completion_text, s.answer, s.question_type, knobs, self.judge, executed,
-                                          parser=self.parser))
+        drawn = await self._draw(step, prompts, 0)
+        every, ds_metrics, zero_std = drawn, {}, None
+        if grpo.dynamic_sampling:  # DAPO: zero-spread groups out, more prompts in (paravt.rl.dynamic_sampling)
+            def shape(totals):
+                return shape_rewards(torch.tensor(totals, dtype=torch.float64), grpo.reward_bias, grpo.reward_scale,
+                                     grpo.reward_clip)
+
+            async def draw(start: int, count: int) -> DrawnGroups:
+                return await self._draw(step, self.schedule.extra(step, start, count), len(every.prompts))
+
+            drawn, ds_metrics = await dynamic_sample(every, draw, shape, grpo.prompts_per_step, max_prompts(grpo))
+            zero_std = ds_metrics["dynamic_sampling/groups_dropped"] / max(1, len(set(every.groups)))
+        prompts, trajs, groups, episode_ks, rewards = drawn.prompts, drawn.trajs, drawn.groups, drawn.ks, drawn.rewards
+        lost, first = every.lost, every.first_error
         # 4. Advantages: (r + bias)·scale, clipped, group-normalised (batch norm here or per token later).
         adv, extra = compute_advantages([r.total for r in rewards], groups, grpo.reward_bias, grpo.reward_scale,
                                         grpo.group_norm, grpo.batch_adv_norm and grpo.adv_norm_level == "sequence",
@@ -213,9 +208,11 @@ class RolloutWorker:
                 for sub in t.subagents:
                     seq = sub.sequence
                     samples.append(Sample(seq.input_ids, seq.loss_mask, seq.logprobs, seq.images, a, "subagent"))
-        metrics = rollout_metrics(trajs, rewards, episode_ks, extra["frac_reward_zero_std"],
-                                  self.parser) if trajs else {}
+        # metrics of every episode drawn (the policy, not the filter); the zero-std share over the drawn groups
+        metrics = rollout_metrics(every.trajs, every.rewards, every.ks, extra["frac_reward_zero_std"] if zero_std is None
+                                  else zero_std, self.parser) if every.trajs else {}
         metrics.update({"rollout/skipped_prompts": len(lost), "rollout/skipped_fraction": len(lost) / max(1, len(prompts))})
+        metrics.update(ds_metrics)
         # 6. GTR (off by default): judge each turn's thought, correct the wrong ones, collapse metrics.
         corrections: list[Any] = []
         if self.gtr is not None:
@@ -227,9 +224,55 @@ class RolloutWorker:
         if hasattr(self.engine, "take_served"):  # several servers: requests sent to each in this step (failed ones too)
             for i, n in enumerate(self.engine.take_served()):
                 metrics[f"rollout/requests_server{i}"] = n
-        return RolloutBatch(step, samples, metrics, self._trajectory_records(step, trajs, rewards, prompts, groups),
+        return RolloutBatch(step, samples, metrics,
+                            self._trajectory_records(step, every.trajs, every.rewards, prompts, every.groups),
                             time.perf_counter() - t0, min(versions) if versions else 0, corrections,
                             len(lost) / max(1, len(prompts)), first)
+
+    async def _draw(self, step: int, prompts: list[EpisodeSample], first: int) -> DrawnGroups:
+        """The episodes and rewards of ``prompts``, groups numbered from ``first`` (their index in the step)."""
+        cfg, grpo = self.cfg, self.cfg.grpo
+        # 1. nFrames gating: one K per prompt, a pure function of (seed, sample id).
+        ks = [choose_k(s.sample_id, cfg.seed, cfg.paravt.gating.nframes_gating, cfg.paravt.gating.choices,
+                       cfg.hierarchical_agent.nframes) for s in prompts]
+        # 2. n episodes per prompt, all in flight at once (the engine batches them).
+        jobs, groups, episode_ks = [], [], []
+        for gi, (s, k) in enumerate(zip(prompts, ks), start=first):
+            for j in range(grpo.n_samples):
+                jobs.append(run_episode(s, self.engine, self.processor, self.episode_cfg, k,
+                                        seed=stable_hash(cfg.seed, "rollout", step, gi, j), cache=self.cache,
+                                        tools=self.tools))
+                groups.append(gi)
+                episode_ks.append(k)
+        trajs = list(await asyncio.gather(*jobs, return_exceptions=True))
+        # 2b. A prompt whose episodes lost work (its video does not decode, the engine or a sub-agent's
+        # server failed) is skipped whole: its group's rewards would be biased. Counted and logged,
+        # never the end of training.
+        for i, t in enumerate(trajs):
+            if isinstance(t, BaseException):
+                if not isinstance(t, Exception):
+                    raise t
+                trajs[i] = Trajectory(prompts[groups[i] - first].sample_id, episode_ks[i], SequenceRecord(),
+                                      end_reason="error", error=f"{type(t).__name__}: {t}")
+        lost = sorted({gi for t, gi in zip(trajs, groups) if t.faults})
+        err = None
+        if lost:
+            err = next(f"{prompts[gi - first].sample_id}: {t.faults[0]}" for t, gi in zip(trajs, groups) if t.faults)
+            err = " ".join(err.split())[:500]
+            log.warning("rollout step %d: skipped %d of %d prompt(s) that lost work (first: %s)", step, len(lost),
+                        len(prompts), err)
+            keep = [i for i, gi in enumerate(groups) if gi not in lost]
+            trajs, groups = [trajs[i] for i in keep], [groups[i] for i in keep]
+            episode_ks = [episode_ks[i] for i in keep]
+        # 3. Rewards on the main agent's text as written (pure functions of paravt.rl.rewards.terms).
+        knobs = cfg.paravt.knobs()
+        rewards = []
+        for t, gi in zip(trajs, groups):
+            s = prompts[gi - first]
+            executed = any(c.ok for turn in t.turns for c in turn.calls)
+            rewards.append(compute_reward(t.completion_text, s.answer, s.question_type, knobs, self.judge, executed,
+                                          parser=self.parser))
+        return DrawnGroups(list(prompts), trajs, groups, episode_ks, rewards, lost, err)
 
     def _trajectory_records(self, step, trajs, rewards, prompts, groups) -> list[dict[str, Any]]:
         """A seeded random sample of the batch's episodes (not just the first group) for the viewer."""

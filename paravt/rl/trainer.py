@@ -42,6 +42,7 @@ from paravt.models.trainloop import TrainLoop
 from paravt.rl.config import RLConfig
 from paravt.rl.grpo import StepStats, batch_token_advantages, gtr_objective, policy_tokens, sample_loss, sft_nll
 from paravt.rl.logps import forward_logps
+from paravt.rl.loss_agg import AGGREGATORS, sample_tokens, step_denominator
 from paravt.rl.packing import average_gradients, bins, equalize, packed_logps, padding_sample, split_by_tokens
 from paravt.rl.engine_sync import EngineSync
 from paravt.rl.lost_work import LostWork
@@ -143,9 +144,11 @@ class RLTrainer:
     def train_on(self, samples: list[Sample], sft_samples: list[Sample] = ()) -> dict[str, float]:
         """PPO (+ KL) over the step's ``samples`` and λ·NLL over its ``sft_samples`` (GTR); every rank holds both
         whole lists. ``ppo_minibatches`` optimizer steps on minibatches of the whole list (the same at any world
-        size), each split over the ranks by tokens; the objective is normalised by the step's policy tokens."""
+        size), each split over the ranks by tokens; the objective is normalised by the step's policy tokens
+        (``grpo.loss_agg``: token-mean, as released) or its sequences (:mod:`paravt.rl.loss_agg`)."""
         grpo, world = self.cfg.grpo, self.dist.world_size
         n_rl, n_sft = policy_tokens(samples), policy_tokens(sft_samples)
+        rl_den = step_denominator(grpo.loss_agg, samples)
         if n_rl == 0 and n_sft == 0:  # nothing to learn from (every prompt of the step was skipped): no step at all
             return {"ppo/optimizer_skipped": 1.0, "ppo/tokens": 0.0}
         self.actor.train()
@@ -158,7 +161,7 @@ class RLTrainer:
         stats = StepStats(kl_reward=kl_reward)
 
         def backward(rl_sum, nll_sum) -> None:  # ×world: FSDP (and average_gradients) average the ranks' gradients
-            (world * gtr_objective(rl_sum, n_rl, nll_sum, n_sft, self.cfg.gtr.sft_weight)).backward()
+            (world * gtr_objective(rl_sum, rl_den, nll_sum, n_sft, self.cfg.gtr.sft_weight)).backward()
 
         for i, parts in enumerate(mbs):
             for pack in self._rank_packs(parts, pad):
@@ -172,7 +175,8 @@ class RLTrainer:
                              self.gtr is not None and self.cfg.gtr.mode == "train")
 
     def _ppo_loss(self, pack: list[Sample], prox: dict, token_adv: dict, stats: StepStats) -> torch.Tensor:
-        """One pack's PPO (+ k3 KL) loss sum, its statistics into ``stats`` (:func:`paravt.rl.grpo.sample_loss`)."""
+        """One pack's PPO (+ k3 KL) loss, aggregated as ``grpo.loss_agg`` says before the step's denominator
+        (:mod:`paravt.rl.loss_agg`), its statistics into ``stats`` (:func:`paravt.rl.grpo.sample_loss`)."""
         g = self.cfg.grpo
         loss_kl = g.kl_coef if g.kl_mode == "loss_k3" and self.ref is not None else 0.0
         refs = [None] * len(pack)
@@ -180,11 +184,11 @@ class RLTrainer:
             with torch.no_grad():
                 refs = [lp for lp, _ in self._logps(self.ref, pack)]
         think_w = self.cfg.gtr.think_weight if self.gtr is not None else 1.0
-        total = 0.0
-        for s, (logp, ent), ref in zip(pack, self._logps(self.actor, pack, with_entropy=True), refs):
-            total = total + sample_loss(s, logp, ent, prox.get(id(s), logp.detach()), ref, token_adv.get(id(s)), g,
-                                        loss_kl, think_w, stats)
-        return total
+        losses = [sample_loss(s, logp, ent, prox.get(id(s), logp.detach()), ref, token_adv.get(id(s)), g, loss_kl,
+                              think_w, stats)
+                  for s, (logp, ent), ref in zip(pack, self._logps(self.actor, pack, with_entropy=True), refs)]
+        norm = g.loss_agg_norm or self.cfg.hierarchical_agent.max_new_tokens
+        return AGGREGATORS[g.loss_agg](losses, [sample_tokens(s) for s in pack], norm)
 
     def _nll(self, pack: list[Sample], stats: StepStats) -> torch.Tensor:
         """One pack's NLL sum of the corrected-thought tokens (at temperature 1), their statistics into ``stats``."""

@@ -31,6 +31,10 @@ CASES = {  # name: (recipe, overrides)
     "mb2_unpacked": ("configs/rl/tiny.yaml", ["grpo.ppo_minibatches=2", "trainer.pack_tokens=0", "grpo.kl_coef=0.05"]),
     "gtr_none": ("configs/rl/tiny_gtr.yaml", ["trainer.strategy=none", "grpo.kl_coef=0", "gtr.sft_weight=0.7",
                                               "gtr.think_weight=0.5"]),
+    "seq_mean_mb2": ("configs/rl/tiny.yaml", ["grpo.loss_agg=seq-mean-token-mean", "grpo.ppo_minibatches=2",
+                                              "grpo.kl_coef=0.05"]),
+    "seq_sum": ("configs/rl/tiny.yaml", ["grpo.loss_agg=seq-mean-token-sum", "grpo.loss_agg_norm=16",
+                                         "grpo.kl_coef=0.05"]),
 }
 
 
