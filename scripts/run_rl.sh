@@ -20,6 +20,8 @@
 #       Slurm: sbatch scripts/slurm/rl.sbatch.
 #   CPU: bash scripts/run_rl.sh configs/rl/tiny.yaml            (NPROC=2 for two gloo trainer processes)
 #        bash scripts/run_rl.sh configs/rl/tiny_vllm.yaml       (a real vLLM rollout server, .venv-vllm)
+#   dry run: DRY_RUN=1 bash scripts/run_rl.sh configs/rl/paragrpo_8b.yaml [--gpus N] [--gpu h100|h200|a100]
+#        (the 8B step on the CPU with fake tensors: memory per rank, FLOPs, bytes; python -m paravt.dryrun --help)
 # torchrun restarts crashed workers (MAX_RESTARTS, default 3); resume=auto continues from the
 # newest complete checkpoint, so only the step in flight is lost. A run that stops itself is never
 # restarted: lost work (every rollout of max_bad_steps steps failed, a failed weight push) exits 3. Bad input (config, files, rows) is
@@ -30,6 +32,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" rl  # sets PARAVT_ROOT, the v
 cd "$PARAVT_ROOT"
 script_help "${BASH_SOURCE[0]}" paravt.rl.train "$@"
 RECIPE="${1:-configs/rl/tiny.yaml}"; shift || true
+# DRY_RUN=1: the step at the recipe's width on this machine's CPU, no weights, data or GPU (python -m
+# paravt.dryrun: memory per rank, FLOPs, collectives, a roofline bound; exit 2 when a rank does not fit).
+if [[ "${DRY_RUN:-0}" == 1 ]]; then exec python -m paravt.dryrun "$RECIPE" "$@"; fi
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
 cluster_check run_rl.sh  # NPROC, NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, timers: one line, exit 2
 # GPU numbers in recipes are this job's logical indices; a scheduler's CUDA_VISIBLE_DEVICES maps them to

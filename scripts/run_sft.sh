@@ -5,12 +5,17 @@
 #              node; output_dir on a filesystem they share (checked); torchrun's c10d rendezvous (RDZV_TIMEOUT,
 #              FS_CHECK_TIMEOUT, MAX_RESTARTS as in run_rl.sh). Slurm: sbatch scripts/slurm/sft.sbatch.
 #   CPU:       bash scripts/run_sft.sh configs/sft/tiny.yaml                  (NPROC=2 for two gloo processes)
+#   dry run:   DRY_RUN=1 bash scripts/run_sft.sh configs/sft/qwen3vl_8b.yaml [--gpus N] [--gpu h100|h200|a100]
+#              (the 8B step on the CPU with fake tensors: memory per rank, FLOPs, bytes; python -m paravt.dryrun --help)
 # Settings: python -m paravt.sft.train --help
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" sft  # sets PARAVT_ROOT, the venv, .secrets.env
 cd "$PARAVT_ROOT"
 script_help "${BASH_SOURCE[0]}" paravt.sft.train "$@"
 RECIPE="${1:-configs/sft/tiny.yaml}"; shift || true
+# DRY_RUN=1: the step at the recipe's width on this machine's CPU, no weights, data or GPU (python -m
+# paravt.dryrun: memory per rank, FLOPs, collectives, a roofline bound; exit 2 when a rank does not fit).
+if [[ "${DRY_RUN:-0}" == 1 ]]; then exec python -m paravt.dryrun "$RECIPE" "$@"; fi
 cluster_check run_sft.sh  # NPROC, NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, timers: one line, exit 2
 if [[ -z "${NPROC:-}" ]]; then  # one process per GPU: Slurm's grant (NODE_GPUS) or what CUDA sees
   NPROC=$(python -c 'import sys, torch

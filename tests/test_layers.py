@@ -2,7 +2,7 @@
 
 * dependency direction: no import arrow points up the layer stack
 
-      core → data → models → engines → agent → {sft, rl, eval} → {analysis, viz}
+      core → data → models → engines → agent → {sft, rl, eval} → {analysis, viz, dryrun}
 
   A package may import its own layer and any layer below; the three stages never import each other
   (they share everything through the layers below). ``analysis`` reads what the stages wrote (reports,
@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "paravt"
 LAYER = {"core": 0, "data": 1, "models": 2, "engines": 3, "agent": 4, "sft": 5, "rl": 5, "eval": 5,
-         "analysis": 6, "viz": 6}
+         "analysis": 6, "viz": 6, "dryrun": 6}
 MAX_LINES = 400
 #: Modules allowed over MAX_LINES, each at no more than the length given.
 LONG: dict[str, int] = {}
