@@ -4,6 +4,8 @@ peak and what to lower."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.dryrun.conftest import dry_run
 
 RL = ("configs/rl/paragrpo_8b.yaml", "grpo.prompts_per_step=2", "grpo.n_samples=2",
@@ -11,6 +13,7 @@ RL = ("configs/rl/paragrpo_8b.yaml", "grpo.prompts_per_step=2", "grpo.n_samples=
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries")
 
 
+@pytest.mark.slow  # a minute of tracing on 2 cores: CI's slow-rest group
 def test_split_sums_to_the_peak_on_every_rank(small_config, tmp_path):
     proc, res = dry_run(*RL, "rollout.server.gpus=[2]", "--model-config", str(small_config), "--gpus", "3",
                         json_out=tmp_path / "rl.json")
@@ -24,6 +27,7 @@ def test_split_sums_to_the_peak_on_every_rank(small_config, tmp_path):
     assert res["weight_push"]["bytes"] == 2 * res["model"]["params"]
 
 
+@pytest.mark.slow  # three traces, ~1 min: CI's slow-rest group
 def test_depth_extrapolation_equals_the_full_trace(small_config, tmp_path):
     args = ("configs/sft/qwen3vl_8b.yaml", "--model-config", str(small_config), "--gpus", "2", "global_batch_size=2",
             "max_length=1024", "video.max_frames=2")
