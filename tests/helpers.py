@@ -4,6 +4,10 @@ by the real tokenizer, so episode bookkeeping (ids, masks, logprobs) can be chec
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Callable
 
 from paravt.engines.base import GenerationOutput, InferenceEngine, SamplingParams
@@ -50,3 +54,11 @@ class ScriptedEngine(InferenceEngine):
 def call(s, e, name="crop_video", path="v.mp4"):
     import json
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"video_path": path, "start_time": s, "end_time": e}}) + "\n</tool_call>"
+
+
+def torchrun_script(script: str, *args: str, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``script`` (a path under the repository) under torchrun with ``nproc`` gloo ranks, one OpenMP thread each."""
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                           str(root / script), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})

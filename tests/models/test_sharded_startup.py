@@ -6,26 +6,19 @@ gathered from those shards, hold exactly the full weights."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import torchrun_script
 
 
 def test_sharded_startup_equals_whole_loading_on_two_ranks(tiny_dir, tmp_path):
     out = tmp_path / "result.json"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(ROOT / "tests/models/fsdp2_startup_script.py"), str(tiny_dir), str(out)],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = torchrun_script("tests/models/fsdp2_startup_script.py", str(tiny_dir), str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["same_start"] and res["buffers_equal"]
     assert res["losses_sharded"] == res["losses_whole"]  # bitwise: the same floats
     assert res["same_end"]
     assert res["buckets_ok"] and res["n_buckets"] > 1
-
 
 def test_weight_buckets_carry_the_checkpoint_names(tiny_dir):
     """The names a server's loader receives are the names save_pretrained writes (tied lm_head once)."""

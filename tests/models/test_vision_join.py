@@ -6,23 +6,18 @@ is bitwise the same with or without the tower's pass, whose parameters get zero 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from paravt.models import vision_join
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import torchrun_script
 
 
 def _text_batch(n=16):
     ids = torch.randint(10, 400, (1, n), generator=torch.Generator().manual_seed(3))
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
-
 
 def test_a_text_only_forward_runs_the_tower_with_zero_weight(tiny_dir):
     from paravt.models.loading import load_model
@@ -49,7 +44,6 @@ def test_a_text_only_forward_runs_the_tower_with_zero_weight(tiny_dir):
         joined(input_ids=torch.tensor([[11, 12]]), use_cache=False)
     assert calls == [1, 1]
 
-
 def test_dummy_inputs_are_one_image_of_the_smallest_grid(tiny):
     model, _ = tiny
     visual = model.model.visual
@@ -60,13 +54,10 @@ def test_dummy_inputs_are_one_image_of_the_smallest_grid(tiny):
     with torch.no_grad():
         assert float(vision_join.zero_term(visual, pixels.device)) == 0.0
 
-
 @pytest.mark.launcher  # torchrun over two gloo ranks: CI's launcher group
 def test_a_text_only_rank_joins_the_vision_collectives_on_two_ranks(tiny_dir, tmp_path):
     out = tmp_path / "result.json"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(ROOT / "tests/models/vision_join_script.py"), str(tiny_dir), str(out)],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = torchrun_script("tests/models/vision_join_script.py", str(tiny_dir), str(out), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     res = {x["rank"]: x for x in (json.loads(Path(f"{out}.{k}").read_text()) for k in (0, 1))}
     assert res[0]["has_image"] and not res[1]["has_image"]
