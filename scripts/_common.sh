@@ -50,19 +50,33 @@ script_help() {  # script_help <script path> [python module] [args...]
 # On several nodes (multinode_setup ran) a watcher beside torchrun ends this node's run when another
 # node stops (paravt.core.shared_fs watch), and a torchrun that failed on its own names the nodes that left.
 # run_supervised <command...> does the same for another command (a node that only serves rollouts).
+# With PARAVT_LAUNCH_LOG=FILE (the stage launchers: output_dir/logs/torchrun_node<N>.log) the command's stderr
+# is kept whole in FILE and reaches the terminal without torchrun's own traceback and failure report
+# (paravt.core.launch_log); a run that fails names FILE above its one line.
 torchrun_supervised() { run_supervised torchrun "$@"; }
 run_supervised() {
-  local abort pid rc code line watcher=""
+  local abort pid rc code line watcher="" filt="" fifo="" log="${PARAVT_LAUNCH_LOG:-}"
   abort="$(mktemp -u "${TMPDIR:-/tmp}/paravt-abort.XXXXXXXX")"
   export PARAVT_ABORT_FILE="$abort"
-  python -c 'import os, signal, sys
+  local start=(python -c 'import os, signal, sys
 from paravt.core.procs import die_with_parent
 die_with_parent(signal.SIGTERM)
-os.execvp(sys.argv[1], sys.argv[1:])' "$@" &
+os.execvp(sys.argv[1], sys.argv[1:])' "$@")
+  if [[ -n "$log" ]] && mkdir -p "$(dirname "$log")" 2>/dev/null; then
+    fifo="$(mktemp -u "${TMPDIR:-/tmp}/paravt-log.XXXXXXXX")"
+    mkfifo "$fifo"
+    python -m paravt.core.launch_log "$log" <"$fifo" >&2 &
+    filt=$!
+    "${start[@]}" 2>"$fifo" &
+  else
+    log=""
+    "${start[@]}" &
+  fi
   pid=$!
   if [[ -n "${PARAVT_NODES_DIR:-}" ]]; then
     python -m paravt.core.shared_fs watch --dir "$PARAVT_NODES_DIR" --node "$NODE_RANK" --nnodes "$PARAVT_NODES_N" \
-      --prog "$PARAVT_NODES_PROG" --interval "$HEARTBEAT_S" --timeout "$RDZV_TIMEOUT" --pid "$pid" &
+      --prog "$PARAVT_NODES_PROG" --interval "$HEARTBEAT_S" --timeout "$RDZV_TIMEOUT" --pid "$pid" \
+      --store "$MASTER_ADDR:${MASTER_PORT:-29500}" --run-id "$PARAVT_RUN_ID" --serving "${PARAVT_SERVING_NODES:-}" &
     watcher=$!
   fi
   trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
@@ -74,6 +88,13 @@ os.execvp(sys.argv[1], sys.argv[1:])' "$@" &
   if [[ -n "$watcher" ]]; then
     kill "$watcher" 2>/dev/null || true
     wait "$watcher" 2>/dev/null || true
+  fi
+  if [[ -n "$filt" ]]; then  # the filter ends when the last writer does (bounded: an orphan may hold the pipe)
+    for _ in {1..50}; do kill -0 "$filt" 2>/dev/null || break; sleep 0.1; done
+    rm -f "$fifo"
+  fi
+  if [[ -n "$log" && ( -s "$abort" || "$rc" != 0 ) ]]; then
+    echo "(torchrun's whole output, with its traceback and failure report: $log)" >&2
   fi
   if [[ -s "$abort" ]]; then
     IFS=$'\t' read -r code line <"$abort" || true
@@ -128,7 +149,7 @@ multinode_setup() {
   nodes_check "$prog"
   RDZV_TIMEOUT="${RDZV_TIMEOUT:-300}" HEARTBEAT_S="${HEARTBEAT_S:-2}"
   id="${RDZV_ID:-${SLURM_JOB_ID:-paravt-${MASTER_PORT:-29500}}}"
-  PARAVT_RUN_ID="$id" PARAVT_NODES_N="$NNODES"
+  export PARAVT_RUN_ID="$id"; PARAVT_NODES_N="$NNODES"
   TORCHRUN_NODES=(--nnodes="${3:-$NNODES}" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:${MASTER_PORT:-29500}"
                   --rdzv-id="$id" --rdzv-conf="join_timeout=$RDZV_TIMEOUT,is_host=$([[ "$NODE_RANK" == 0 ]] && echo 1 || echo 0)")
   [[ -n "${LOCAL_ADDR:-}" ]] && TORCHRUN_NODES+=(--local-addr="$LOCAL_ADDR")

@@ -7,16 +7,22 @@
 #   multi-node: on every node NNODES=2 NODE_RANK=<0|1> MASTER_ADDR=host0 MASTER_PORT=29500 bash scripts/run_rl.sh
 #       configs/rl/paragrpo_8b_2node.yaml: its rollout.layout=train:7+rollout:1,rollout:8 places trainers and
 #       rollout servers per node (paravt.rl.layout); each node's launcher starts its own servers and writes
-#       their URLs under output_dir/.paravt/servers, where trainer rank 0 finds them before the first rollout
-#       (SERVERS_TIMEOUT, default RDZV_TIMEOUT + the servers' start-up bound: then one line naming the node
-#       missing, exit 3). A node with no train part only serves and ends with the run. No layout: trainer
-#       ranks on every GPU but node 0's rollout.server.gpus, where rank 0 launches the servers (or reaches
-#       them by rollout.urls). Weights reach the servers in memory over a process group
+#       their URLs under output_dir/.paravt/servers (one that dies is taken off its node's record), where trainer
+#       rank 0 finds them before the first rollout: it starts with the live ones once every server answers or is
+#       known dead, or SERVERS_GRACE (default RDZV_TIMEOUT) after the first answered, naming the missing in one
+#       warning; none within SERVERS_TIMEOUT (default RDZV_TIMEOUT + the servers' start-up bound) is one line,
+#       exit 3. A node with no train part only serves and ends with the run; it checks the shared folder first
+#       (one line naming it, exit 2, on every node). No layout: trainer ranks on every GPU but node 0's
+#       rollout.server.gpus, where node 0's launcher starts the servers (rank 0 finds them as above, on whichever
+#       node torch's rendezvous put it: torch orders nodes by address, not NODE_RANK), or rank 0 reaches them by
+#       rollout.urls. Weights reach the servers in memory over a process group
 #       (rollout.weight_sync=broadcast, NCCL; they connect back to rollout.sync_address, default rank 0's
 #       host); rollout.weight_sync=disk instead writes an export per step to output_dir. output_dir must be
 #       on a filesystem every node shares (checked at start). torchrun's c10d rendezvous joins the nodes
 #       that train: RDZV_TIMEOUT (300 s) bounds a join and how long the others run on once a node is lost
 #       (one line naming it, exit 3); FS_CHECK_TIMEOUT (60 s) bounds the shared-folder check (exit 2).
+#       torchrun's whole output: output_dir/logs/torchrun_node<N>.log (its own traceback and failure report
+#       stay off the terminal).
 #       Slurm: sbatch scripts/slurm/rl.sbatch.
 #   CPU: bash scripts/run_rl.sh configs/rl/tiny.yaml            (NPROC=2 for two gloo trainer processes)
 #        bash scripts/run_rl.sh configs/rl/tiny_vllm.yaml       (a real vLLM rollout server, .venv-vllm)
@@ -71,19 +77,24 @@ except (DataError, ValueError) as exc:
 print(ngpu, share.shell(), cfg.output_dir)
 PY
 )" || exit $?
-read -r NGPU TRAIN_GPUS NPROC _ TRAIN_NODES SERVERS MODE EXPECT SERVERS_TIMEOUT ROLLOUT_GPUS OUTPUT_DIR <<<"$PRE"
+read -r NGPU TRAIN_GPUS NPROC _ TRAIN_NODES SERVERS MODE EXPECT SERVERS_TIMEOUT ROLLOUT_GPUS SERVE_ONLY OUTPUT_DIR <<<"$PRE"
 # The weight group joins trainer rank 0 and every server worker in one NCCL communicator; SGLang and vLLM
 # start their workers with NCCL's cuMem allocator off, so the trainer does too (the servers it or this
 # launcher starts inherit this environment), else the group can hang at its first broadcast.
 export NCCL_CUMEM_ENABLE="${NCCL_CUMEM_ENABLE:-0}"
 NNODES=$((10#${NNODES:-1}))  # 02 -> 2
+# torchrun's stderr whole, with its own traceback and failure report kept from the terminal (run_supervised)
+export PARAVT_LAUNCH_LOG="${PARAVT_LAUNCH_LOG:-$OUTPUT_DIR/logs/torchrun_node${NODE_RANK:-0}.log}"
+# the nodes that only serve check the shared folder on their own; a training node's watcher ends its run with
+# the line one of them left in node 0's rendezvous store (paravt.core.shared_fs check_serving)
+if [[ "$SERVE_ONLY" != - ]]; then export PARAVT_SERVING_NODES="$SERVE_ONLY"; fi
 if (( NNODES > 1 )); then multinode_setup run_rl.sh "$OUTPUT_DIR" "$TRAIN_NODES"; fi
 if [[ "$MODE" == layout ]]; then
   # rollout.layout: this node's servers start here (paravt.rl.node_servers); trainer rank 0 waits for
   # every node's under output_dir (paravt.rl.layout.discovered_servers) and launches none itself.
   if [[ "$EXPECT" == - ]]; then EXPECT=""; fi  # no node serves (servers by rollout.urls only)
   export PARAVT_SERVERS_DIR="$OUTPUT_DIR/.paravt/servers/${PARAVT_RUN_ID:-local}" PARAVT_SERVERS_NODES="$EXPECT" \
-         PARAVT_SERVERS_TIMEOUT="$SERVERS_TIMEOUT" \
+         PARAVT_SERVERS_TIMEOUT="$SERVERS_TIMEOUT" PARAVT_SERVERS_GRACE="${SERVERS_GRACE:-${RDZV_TIMEOUT:-300}}" \
          PARAVT_SERVERS_SINCE="$(( $(date +%s) - ${RDZV_TIMEOUT:-300} ))"  # older records: an earlier run's (nodes start within RDZV_TIMEOUT)
   serve=(python -m paravt.rl.node_servers --ngpu "$NGPU")
   if (( NPROC == 0 )); then  # only serves: beats like the other nodes and ends when a training node does
@@ -95,8 +106,6 @@ if [[ "$TRAIN_GPUS" != - ]]; then export CUDA_VISIBLE_DEVICES="$TRAIN_GPUS"; fi
 if (( NNODES == 1 )); then
   torchrun_supervised --standalone --max-restarts="$MAX_RESTARTS" --nproc_per_node="$NPROC" -m paravt.rl.train "$RECIPE" "$@"
 fi
-# No layout: rank 0 launches the servers on the GPUs set aside on node 0, so the shared-folder check stops a
-# rendezvous that put rank 0 elsewhere. The rendezvous and its workers count the nodes that train.
-if [[ "$MODE" == rank0 && "$NODE_RANK" == 0 && "$ROLLOUT_GPUS" != - ]]; then export PARAVT_RANK0_NODE=0; fi
+# Several nodes: the rendezvous and its workers count the nodes that train.
 NNODES="$TRAIN_NODES" torchrun_supervised "${TORCHRUN_NODES[@]}" --nproc_per_node="$NPROC" \
   --max-restarts="$MAX_RESTARTS" "${TORCHRUN_ENTRY[@]}" paravt.rl.train "$RECIPE" "$@"

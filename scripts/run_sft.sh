@@ -52,6 +52,8 @@ print(cfg.output_dir)
 PY
 )" || exit $?
 OUTPUT_DIR="${PRE##*$'\n'}"  # the last line (a library may print above it)
+# torchrun's stderr whole, with its own traceback and failure report kept from the terminal (run_supervised)
+export PARAVT_LAUNCH_LOG="${PARAVT_LAUNCH_LOG:-$OUTPUT_DIR/logs/torchrun_node${NODE_RANK:-0}.log}"
 if [[ "${NNODES:-1}" == 1 ]]; then
   torchrun_supervised --standalone --nproc_per_node="$NPROC" --max-restarts="${MAX_RESTARTS:-0}" -m paravt.sft.train "$RECIPE" "$@"
 fi

@@ -6,7 +6,7 @@ failure per rank or a run that quietly starts with something else.
 * ``NNODES`` a whole number >= 1, ``NODE_RANK`` one of ``0..NNODES-1``; with ``NNODES`` > 1 ``MASTER_ADDR`` must
   resolve (bounded by ``RESOLVE_S`` seconds: a resolver that does not answer is refused as well);
 * ``MASTER_PORT`` a TCP port, 1..65535;
-* ``HEARTBEAT_S``, ``RDZV_TIMEOUT``, ``FS_CHECK_TIMEOUT``, ``SERVERS_TIMEOUT``: seconds > 0; ``MAX_RESTARTS`` >= 0;
+* ``HEARTBEAT_S``, ``RDZV_TIMEOUT``, ``FS_CHECK_TIMEOUT``, ``SERVERS_TIMEOUT``, ``SERVERS_GRACE``: seconds > 0; ``MAX_RESTARTS`` >= 0;
 * ``NODE_GPUS`` (set by ``scripts/slurm/env.sh`` from Slurm's grant): a whole number >= 0.
 
 :func:`check_url` holds the form of a server URL (``rollout.urls``), :func:`node_gpus` the GPUs a node counts.
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 RESOLVE_S = 10.0
 _INT = re.compile(r"[0-9]+")
-_SECONDS = ("HEARTBEAT_S", "RDZV_TIMEOUT", "FS_CHECK_TIMEOUT", "SERVERS_TIMEOUT")
+_SECONDS = ("HEARTBEAT_S", "RDZV_TIMEOUT", "FS_CHECK_TIMEOUT", "SERVERS_TIMEOUT", "SERVERS_GRACE")
 
 
 def _whole(env: Mapping[str, str], key: str, low: int, what: str) -> int | None:

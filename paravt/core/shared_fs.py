@@ -18,6 +18,12 @@ check ... MODULE ARGS``, the module torchrun runs on every node):
   a collective for as long as the process group's timeout.
 * **gone** — after torchrun failed on its own: the nodes that left (an exit record, or a heartbeat
   that no longer moves), one line; exit 3 when one was lost without an exit of its own.
+* **a node that only serves** (``rollout.layout`` entry without ``train``) starts no torchrun, so it takes
+  part in the check another way before it starts its servers (:func:`check_serving`): once node 0's
+  rendezvous store answers at ``MASTER_ADDR:MASTER_PORT`` (node 0's launcher is up and beating), it must
+  see node 0's heartbeat move under the run folder within ``FS_CHECK_TIMEOUT`` seconds. One that does not
+  stops with one line naming it, exit 2, and leaves the line in the store, where every training node's
+  watcher finds it within a heartbeat and ends that node's run with the same line and exit 2.
 
 Stdlib and torch's store only: this runs before any stage module is imported.
 """
@@ -123,16 +129,69 @@ def check_shared(output_dir: Path, prog: str, timeout_s: float) -> str | None:
     if not sees(folder / name, timeout_s):
         line = (f"{prog}: {me} does not see the token file that global rank 0 on {writer} wrote under "
                 f"{output_dir} within {timeout_s:g} s: {SHARED_HINT}")
-    elif os.environ.get("PARAVT_RANK0_NODE") == os.environ.get("NODE_RANK") and rank != 0:
-        line = (f"{prog}: torch's c10d rendezvous numbered {me} rank {rank}, not 0, but this node's rollout GPUs "
-                f"are set aside for the servers that global rank 0 launches: torch orders the nodes by address, so "
-                f"give node 0 the first one (LOCAL_ADDR=<address> on every node, in NODE_RANK order)")
     store.set(f"node{group}", line or "ok")
     if rank == 0:
         answers = [store.get(f"node{n}").decode() for n in range(nnodes)]
         token.unlink(missing_ok=True)
         line = next((a for a in answers if a != "ok"), None)
     return line
+
+
+def serving_key(run_id: str, node: int) -> str:
+    """Where a node that only serves leaves its failed shared-folder check, in node 0's rendezvous store."""
+    return f"paravt/serving-check/{run_id}/node{node}"
+
+
+def _client_store(addr: str, port: int, timeout_s: float):
+    import torch.distributed as dist  # noqa: PLC0415
+
+    return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+def check_serving(nodes_dir: Path, node: int, prog: str, timeout_s: float, join_s: float, run_id: str,
+                  addr: str, port: int, poll_s: float = 0.2) -> str | None:
+    """A node that only serves: the check of the module docstring; the failure line, or None. When node 0's
+    store does not answer within ``join_s`` the check is left to the heartbeats (node 0 never joined)."""
+    try:
+        store = _client_store(addr, port, join_s)
+    except Exception:  # noqa: BLE001 - node 0 not up: paravt.rl.node_servers names it after RDZV_TIMEOUT
+        return None
+    first, deadline = read_beat(nodes_dir, 0), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = read_beat(nodes_dir, 0)
+        if now is not None and first is not None and now[0] != first[0]:
+            return None
+        first = first or now
+        time.sleep(poll_s)
+    line = (f"{prog}: {node_label(node)} does not see node 0's heartbeat move under {nodes_dir} within {timeout_s:g} s "
+            f"(FS_CHECK_TIMEOUT), though node 0's rendezvous answers at {addr}:{port}: {SHARED_HINT}")
+    try:
+        store.set(serving_key(run_id, node), line)
+    except Exception:  # noqa: BLE001 - node 0 then ends on its own bound (the servers never appear)
+        pass
+    return line
+
+
+class _ServingChecks:
+    """A training node's view of the lines serving nodes left in the store (:func:`check_serving`)."""
+
+    def __init__(self, spec: str | None, run_id: str, nodes: list[int]):
+        addr, _, port = (spec or "").rpartition(":")
+        self.addr, self.port = addr, int(port) if port.isdigit() else 0
+        self.keys = [serving_key(run_id, n) for n in nodes]
+        self.store = None
+
+    def line(self) -> str | None:
+        if not self.addr or not self.keys:
+            return None
+        try:
+            if self.store is None:
+                self.store = _client_store(self.addr, self.port, 2.0)
+            found = [k for k in self.keys if self.store.check([k])]
+            return self.store.get(found[0]).decode() if found else None
+        except Exception:  # noqa: BLE001 - not up yet, or gone with node 0's torchrun: asked again next beat
+            self.store = None
+            return None
 
 
 # ---------------------------------------------------------------------------------------- heartbeats
@@ -162,9 +221,11 @@ def read_exit(folder: Path, node: int, since: float) -> str | None:
     return None
 
 
-def watch(folder: Path, node: int, nnodes: int, prog: str, interval_s: float, timeout_s: float, pid: int) -> int:
-    """Heartbeat of this node, and the end of this node's run when another node's stops (see the module
-    docstring). Runs until ``pid`` (torchrun) ends; dies with the launcher."""
+def watch(folder: Path, node: int, nnodes: int, prog: str, interval_s: float, timeout_s: float, pid: int,
+          serving: _ServingChecks | None = None) -> int:
+    """Heartbeat of this node, and the end of this node's run when another node's stops, or when a node
+    that only serves failed its shared-folder check (``serving``; see the module docstring). Runs until
+    ``pid`` (torchrun) ends; dies with the launcher."""
     from paravt.core.procs import die_with_parent  # noqa: PLC0415
 
     die_with_parent(signal.SIGKILL)
@@ -177,6 +238,14 @@ def watch(folder: Path, node: int, nnodes: int, prog: str, interval_s: float, ti
             return 0
         beat(folder, node)
         now = time.time()
+        failed = serving.line() if serving is not None else None
+        if failed:
+            report_abort(2, failed, cause=False)
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            return 2
         for n in range(nnodes):
             b = read_beat(folder, n)
             if n == node or b is None or b[0] < started - timeout_s:
@@ -241,7 +310,8 @@ def _opts(argv: list[str], names: set[str]) -> tuple[dict[str, str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     a = list(sys.argv[1:] if argv is None else argv)
     cmd = a.pop(0) if a else ""
-    o, rest = _opts(a, {"output-dir", "prog", "timeout", "dir", "node", "nnodes", "interval", "pid", "since"})
+    o, rest = _opts(a, {"output-dir", "prog", "timeout", "dir", "node", "nnodes", "interval", "pid", "since", "store",
+                        "run-id", "serving"})
     prog = o.get("prog", "paravt")
     if cmd == "check":
         if not rest:
@@ -262,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         folder, node, nnodes = Path(o["dir"]), int(o["node"]), int(o["nnodes"])
         interval = float(o.get("interval", 2))
         if cmd == "watch":
-            return watch(folder, node, nnodes, prog, interval, float(o.get("timeout", 300)), int(o["pid"]))
+            serving = [int(n) for n in o.get("serving", "").split(",") if n.strip().isdigit()]
+            checks = _ServingChecks(o.get("store"), o.get("run-id", ""), serving) if serving else None
+            return watch(folder, node, nnodes, prog, interval, float(o.get("timeout", 300)), int(o["pid"]), checks)
         return gone(folder, node, nnodes, prog, interval, float(o.get("since", 0)))
     print("usage: python -m paravt.core.shared_fs {check|watch|gone} [--option value ...] [MODULE ARGS...]",
           file=sys.stderr)

@@ -7,8 +7,10 @@ backend        engine                                                           
 ``hf_server``  ``python -m paravt.engines.hf_server`` on a free localhost port (CPU/GPU),    disk
                SGLang's API, and/or such servers at ``urls``
 ``sglang``     ``sglang.launch_server`` from ``server`` (:class:`SGLangServerConfig`)        broadcast, disk
-               and/or SGLang servers already running at ``urls``
-``vllm``       vLLM rollout servers (tokens endpoint, :class:`~paravt.engines.vllm.VLLMEngine`) broadcast, disk
+               and/or SGLang servers already running at ``urls``; two or more behind
+               ``sglang-router`` with ``router=``
+``vllm``       vLLM rollout servers (tokens endpoint, :class:`~paravt.engines.vllm.VLLMEngine`) broadcast, disk,
+                                                                                           adapter (LoRA)
                launched from ``server`` (:class:`VLLMServerConfig`) and/or at ``urls``; two
                or more behind ``vllm-router`` with ``router=``
 ``remote``     an SGLang-API server already running at ``url`` (``scripts/inference.py``)   broadcast, disk
@@ -29,7 +31,7 @@ from paravt.engines.factory import EngineHandle, EngineSpec, launch_servers, sto
 from paravt.engines.http import wait_healthy
 from paravt.engines.registry import EngineBackend
 from paravt.engines.sglang import SGLangServer, SGLangServerConfig
-from paravt.engines.vllm import VLLMServer, VLLMServerConfig
+from paravt.engines.vllm import VLLMServer, VLLMServerConfig, lora_launch
 
 
 def token_handle(kind: str, spec: EngineSpec, launched: list[tuple[str, Any]],
@@ -149,9 +151,34 @@ def _build_hf_server(spec: EngineSpec) -> EngineHandle:
     return token_handle("hf_server", spec, launched, _sglang_client(spec))
 
 
+# a rollout server: requests may carry the vision-token ban as a custom logit processor (sglang-router drops
+# logit_bias), whose class is imported from this repository (paravt.engines.sglang_logit_processor)
+SGLANG_ROLLOUT = {"enable_custom_logit_processor": True}
+
+
+def _routed(spec: EngineSpec, router: str):
+    """``token_handle``'s ``wrap``: the servers behind ``router`` (``module:Class`` of a
+    :class:`~paravt.engines.router.RouterProcess`) when the spec asks for a router (``spec.router``, two or more
+    servers), else None (the pool)."""
+    def wrap(engines: list[Any], procs: list[Any]):
+        if spec.router is None:
+            return None
+        import importlib  # noqa: PLC0415
+
+        from paravt.engines.router import RoutedPool  # noqa: PLC0415
+
+        module, _, name = router.partition(":")
+        pool = RoutedPool.start(engines, spec.router, router=getattr(importlib.import_module(module), name))
+        procs.insert(0, pool.router)  # stopped first, before the servers it routes to
+        return pool
+    return wrap
+
+
 def _build_sglang(spec: EngineSpec) -> EngineHandle:
-    launched = launch_servers(spec, SGLangServer, spec.replicas) if spec.server is not None and spec.replicas else []
-    return token_handle("sglang", spec, launched, _sglang_client(spec))
+    launched = (launch_servers(spec, SGLangServer, spec.replicas, **SGLANG_ROLLOUT)
+                if spec.server is not None and spec.replicas else [])
+    return token_handle("sglang", spec, launched, _sglang_client(spec),
+                        _routed(spec, "paravt.engines.sglang_router:SGLangRouter"))
 
 
 def _build_remote(spec: EngineSpec) -> EngineHandle:
@@ -165,7 +192,8 @@ def _build_remote(spec: EngineSpec) -> EngineHandle:
 HF_SERVER = EngineBackend("hf_server", _build_hf_server, transports=("disk",), control=_sglang_control,
                           server_config=HFServerConfig, server_class=HFServer)
 SGLANG = EngineBackend("sglang", _build_sglang, transports=("broadcast", "disk"), control=_sglang_control,
-                       server_config=SGLangServerConfig, server_class=SGLangServer, launch_needs_cuda=True)
+                       server_config=SGLangServerConfig, server_class=SGLangServer, rollout_settings=SGLANG_ROLLOUT,
+                       launch_needs_cuda=True, routed=True)
 REMOTE = EngineBackend("remote", _build_remote, transports=("broadcast", "disk"), control=_sglang_control, rollout=False)
 
 
@@ -182,20 +210,12 @@ def _build_vllm(spec: EngineSpec) -> EngineHandle:
     name = (server.served_model_name if server is not None else None) or spec.model_name
     reload_method = server.reload_method if server is not None else "paravt"
 
-    def client(url: str, srv: Any, pad: int, banned: list[int]):
-        return VLLMEngine(url, server=srv, model=name, banned_token_ids=banned, image_token_id=pad,
+    def client(url: str, srv: Any, pad: int, banned: list[int]):  # requests name the LoRA adapter when one is pushed
+        return VLLMEngine(url, server=srv, model=spec.adapter or name, banned_token_ids=banned, image_token_id=pad,
                           max_retries=spec.max_retries, weight_version=spec.weight_version, reload_method=reload_method)
 
-    def routed(engines: list[Any], procs: list[Any]):
-        if spec.router is None:
-            return None
-        from paravt.engines.router import RoutedPool  # noqa: PLC0415
-
-        pool = RoutedPool.start(engines, spec.router)
-        procs.insert(0, pool.router)  # stopped first, before the servers it routes to
-        return pool
-
-    return token_handle("vllm", spec, launched, client, routed, model_name=name, reload_method=reload_method)
+    return token_handle("vllm", spec, launched, client, _routed(spec, "paravt.engines.router:VLLMRouter"),
+                        model_name=name, reload_method=reload_method)
 
 
 def _vllm_control(handle: EngineHandle, url: str):
@@ -206,9 +226,9 @@ def _vllm_control(handle: EngineHandle, url: str):
                       load_timeout_s=handle.load_timeout_s)
 
 
-VLLM = EngineBackend("vllm", _build_vllm, transports=("broadcast", "disk"), control=_vllm_control,
+VLLM = EngineBackend("vllm", _build_vllm, transports=("broadcast", "disk", "adapter"), control=_vllm_control,
                      server_config=VLLMServerConfig, server_class=VLLMServer, rollout_settings=VLLM_ROLLOUT,
-                     gpus_need_cuda=True, confirms_version=True, routed=True)
+                     gpus_need_cuda=True, confirms_version=True, routed=True, adapters=lora_launch)
 
 
 # ---------------------------------------------------------------------------------------------- chat

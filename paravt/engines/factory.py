@@ -45,6 +45,11 @@ class EngineSpec:
     weight_version: int = 0  # the policy version the served weights are (a resumed run's step)
     router: Any = None  # RouterConfig: a routed backend's servers behind a router (two or more servers)
     weight_update: WeightUpdate | None = None  # how pushes travel (None: the backend's disk or in-memory default)
+    adapter: str | None = None  # the LoRA adapter requests name (the "adapter" transport loads it; None: the base)
+    # while a request or push waits on a server, its /health is probed this often; this many probes in a row
+    # without an answer fail it (http.LaunchedServerMixin.watched): a frozen server is found in seconds
+    health_interval_s: float = 5.0
+    health_misses: int = 3
 
 
 @dataclass
@@ -65,6 +70,9 @@ class EngineHandle:
     load_timeout_s: float = 600.0  # one server's weight load (disk) or a push's whole transfer (broadcast)
     verify_first_push: bool = False  # SGLang: account for every parameter on each server's first push
     verified: set[str] = field(default_factory=set)  # servers whose first push was accounted for
+    adapter: str | None = None  # EngineSpec's: the name the "adapter" transport loads each version under
+    health_interval_s: float = 5.0  # EngineSpec's: the probes of the push's control clients too
+    health_misses: int = 3
 
     def __post_init__(self):
         if not self.urls and self.url:
@@ -105,6 +113,8 @@ class EngineHandle:
                 if update.transport == "broadcast":
                     await self._group().push(controls, urls, weights, version)
                     self.verified.update(urls)
+                elif update.transport == "adapter":  # a LoRA adapter loaded over the served base
+                    await asyncio.gather(*(c.load_adapter(str(weights), version, self.adapter) for c in controls))
                 else:
                     await asyncio.gather(*(c.update_weights(str(weights), version) for c in controls))
                 if self.backend.confirms_version:  # every server says it holds the version just pushed
@@ -172,7 +182,7 @@ class EngineHandle:
         control = self.backend.control
         if url is None or control is None:
             raise ValueError(f"engine {self.kind!r} has no server to control")
-        return control(self, url)
+        return watch_health(control(self, url), self.health_interval_s, self.health_misses)
 
     def server_at(self, url: str):
         """The launched server process behind ``url`` (None for servers this run did not start)."""
@@ -261,6 +271,14 @@ def token_ids(spec: EngineSpec) -> tuple[int, list[int]]:
     return image_pad_id(processor.tokenizer), vision_token_ids(processor.tokenizer)
 
 
+def watch_health(client: Any, interval_s: float, misses: int) -> Any:
+    """``client`` with its server's health probed every ``interval_s`` seconds while it waits, failing after
+    ``misses`` probes in a row without an answer (clients that probe: :class:`~paravt.engines.http.LaunchedServerMixin`)."""
+    if hasattr(client, "health_misses"):
+        client.health_interval_s, client.health_misses = float(interval_s), int(misses)
+    return client
+
+
 def build_engine(kind: str, model: str, processor=None, **settings: Any) -> EngineHandle:
     """Build (and, for server backends, launch and health-check) the engine ``kind`` for ``model``;
     ``settings`` are :class:`EngineSpec`'s fields. ``kind`` is a backend's name
@@ -272,7 +290,10 @@ def build_engine(kind: str, model: str, processor=None, **settings: Any) -> Engi
         names = " or ".join(t.__name__ for t in (takes if isinstance(takes, tuple) else (takes,)))
         raise ValueError(f"engine {kind!r} launches a {names}, got {type(spec.server).__name__}")
     handle = backend.build(spec)
-    handle.kind = kind
+    handle.kind, handle.adapter = kind, spec.adapter
+    handle.health_interval_s, handle.health_misses = spec.health_interval_s, spec.health_misses
+    for e in getattr(handle.engine, "engines", [handle.engine]):  # each server's client (a pool's too)
+        watch_health(e, spec.health_interval_s, spec.health_misses)
     if spec.weight_update is not None:
         handle.weight_update = spec.weight_update
     try:

@@ -16,6 +16,14 @@ only when asked (``return_token_ids``, as vLLM: output ids on the choice, ``prom
 response), answer 404 to a model name it does not serve, and 400 to per-request ``media_io_kwargs`` /
 ``mm_processor_kwargs`` unless started with ``--trust-request-mm-kwargs`` (vLLM's rule). It does not
 decode video: a ``video_url`` item is a 400 naming the servers that do (the real-server tests run them).
+
+A ``/generate`` body's ``custom_logit_processor`` (what crosses sglang-router in place of ``logit_bias``) is
+refused as SGLang refuses it unless the server was started with ``--enable-custom-logit-processor``. With
+it, the string is read back as SGLang's ``CustomLogitProcessor.from_str`` reads it, with the standard
+unpickler (:func:`paravt.engines.sglang_logit_processor.load_processor`; ours are pickled by reference,
+which it reads as dill does), and run once on a row of logits. The engine here always bans the vision
+placeholders itself and applies no other processor, so it serves only a processor that bans exactly those
+ids (a 400 otherwise), instead of ignoring a processor it cannot apply.
 """
 
 from __future__ import annotations
@@ -96,7 +104,41 @@ def expand_image_pads(ids: list[int], images: ImageInputs, processor, pad: int) 
     return out
 
 
-def build_app(engine: HFEngine, model_name: str = "paravt", trust_request_mm_kwargs: bool = False):
+# SGLang's answer to a processor sent to a server started without the flag (managers/tokenizer_manager.py)
+PROCESSOR_OFF = ("The server is not configured to enable custom logit processor. Please set "
+                 "`--enable-custom-logit-processor` to enable this feature.")
+
+
+_CHECKED: dict[tuple[str, tuple[int, ...]], str | None] = {}  # each distinct processor is read once
+
+
+def check_processor(text: str, banned: list[int]) -> str | None:
+    """Why ``text`` (a ``custom_logit_processor``) cannot be served by an engine that bans ``banned`` and applies
+    nothing else, or None when it bans exactly those ids: it is read back and run on a row of zero logits."""
+    key = (text, tuple(banned))
+    if key in _CHECKED:
+        return _CHECKED[key]
+    import torch  # noqa: PLC0415
+
+    from paravt.engines.sglang_logit_processor import load_processor  # noqa: PLC0415
+
+    why = None
+    try:
+        proc = load_processor(text)
+        row = torch.zeros(1, max(banned, default=0) + 2)
+        out = proc(row.clone(), [None])
+        hit = sorted(int(i) for i in torch.nonzero(torch.isneginf(out[0])).flatten())
+        if tuple(out.shape) != tuple(row.shape) or hit != sorted(set(banned)):
+            why = (f"custom_logit_processor {type(proc).__name__} sets ids {hit} to -inf; this server bans the "
+                   f"vision placeholders {sorted(set(banned))} and applies no other processor")
+    except Exception as exc:  # noqa: BLE001 - a bad processor is a bad request
+        why = f"custom_logit_processor: {exc}"
+    _CHECKED[key] = why
+    return why
+
+
+def build_app(engine: HFEngine, model_name: str = "paravt", trust_request_mm_kwargs: bool = False,
+              enable_custom_logit_processor: bool = False):
     from aiohttp import web  # noqa: PLC0415
 
     from paravt.models.tokenize import encode_text  # noqa: PLC0415
@@ -117,6 +159,11 @@ def build_app(engine: HFEngine, model_name: str = "paravt", trust_request_mm_kwa
     @routes.post("/generate")
     async def generate(req):
         body = await req.json()
+        processor = body.get("custom_logit_processor")
+        if processor is not None:
+            why = PROCESSOR_OFF if not enable_custom_logit_processor else check_processor(processor, engine.banned_ids)
+            if why is not None:
+                return web.json_response({"error": {"message": why}}, status=400)
         try:
             params = _params_from_sglang(body.get("sampling_params") or {})
             imgs = ImageInputs([decode_image(u) for u in body.get("image_data") or []])
@@ -201,10 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--trust-request-mm-kwargs", action="store_true", help="accept per-request media_io_kwargs (as vLLM)")
+    p.add_argument("--enable-custom-logit-processor", action="store_true",
+                   help="accept /generate's custom_logit_processor (as SGLang): the vision-token ban only")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     engine = HFEngine.from_pretrained(a.model, dtype=a.dtype, max_batch_size=a.max_batch_size)
-    web.run_app(build_app(engine, trust_request_mm_kwargs=a.trust_request_mm_kwargs), host=a.host, port=a.port, print=lambda *x: log.info(*x))
+    app = build_app(engine, trust_request_mm_kwargs=a.trust_request_mm_kwargs,
+                    enable_custom_logit_processor=a.enable_custom_logit_processor)
+    web.run_app(app, host=a.host, port=a.port, print=lambda *x: log.info(*x))
     return 0
 
 

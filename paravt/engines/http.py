@@ -150,43 +150,60 @@ class LaunchedServerMixin:
     # A server that stops answering /health while a request waits on it is dead or wedged (its API
     # process may live on after its engine died): the request fails after ``health_misses``
     # consecutive failed probes, ``health_interval_s`` apart (each probe waits ``health_timeout_s``),
-    # i.e. within about a minute, instead of after the request's own timeout.
-    health_interval_s: float = 10.0
+    # i.e. within ``health_misses * (health_interval_s + health_timeout_s)`` seconds (rollout.health_interval_s,
+    # rollout.health_misses), instead of after the request's own timeout. A server frozen while holding its
+    # port (SIGSTOP, a host that stopped scheduling it) accepts the connection and never answers: a miss.
+    # During a weight push or a control request an answer other than 200 is not a miss: SGLang's /health
+    # can run a one-token generation that waits behind the reload; only silence is.
+    health_interval_s: float = 5.0
     health_timeout_s: float = 5.0
     health_misses: int = 3
-    _last_probe: tuple[float, bool] = (float("-inf"), True)
+    _last_probe: tuple[float, str] = (float("-inf"), "ok")
 
     def _check_alive(self) -> None:
         if self.server is not None and self.server.proc is not None and self.server.proc.poll() is not None:
             raise EngineError(f"{self.server_kind} server {self.url} died (exit {self.server.proc.returncode}):\n"
                               f"{self.server.log_tail()}")
 
-    async def _probe(self) -> bool:
-        """:meth:`health` with a short timeout; concurrent waiters share one probe per interval."""
-        t, ok = self._last_probe
+    async def health_status(self, timeout_s: float) -> str:
+        """``ok`` (200), ``busy`` (an answer other than 200) or ``silent`` (no answer within ``timeout_s``)."""
+        import aiohttp  # noqa: PLC0415
+
+        try:
+            session = await self._http()
+            async with session.get(self.health_url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                return "ok" if r.status == 200 else "busy"
+        except Exception:  # noqa: BLE001 - no answer is an answer
+            return "silent"
+
+    async def _probe(self) -> str:
+        """:meth:`health_status` with a short timeout; concurrent waiters share one probe per interval."""
+        t, status = self._last_probe
         if time.monotonic() - t < self.health_interval_s / 2:
-            return ok
-        self._last_probe = (time.monotonic(), ok)  # claimed: others reuse the last answer meanwhile
-        ok = await self.health(self.health_timeout_s)
-        self._last_probe = (time.monotonic(), ok)
-        return ok
+            return status
+        self._last_probe = (time.monotonic(), status)  # claimed: others reuse the last answer meanwhile
+        status = await self.health_status(self.health_timeout_s)
+        self._last_probe = (time.monotonic(), status)
+        return status
 
     async def watched(self, coro: Awaitable[T], what: str) -> T:
         """``await coro`` while probing the server's health; raises :class:`EngineError` naming the
-        server when it exits or misses ``health_misses`` probes in a row."""
+        server when it exits or misses ``health_misses`` probes in a row (for ``what`` other than a
+        generation, only probes it did not answer at all count)."""
         task = asyncio.ensure_future(coro)
-        misses = 0
+        misses, generation = 0, what.rstrip("/").endswith("generate")
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=self.health_interval_s)
                 if done:
                     return task.result()
                 self._check_alive()
-                misses = 0 if await self._probe() else misses + 1
+                status = await self._probe()
+                misses = 0 if status == "ok" or (status == "busy" and not generation) else misses + 1
                 if misses >= self.health_misses:
                     raise EngineError(f"{self.server_kind} server {self.url} did not answer /health {misses} times in a "
-                                      f"row (~{misses * self.health_interval_s:.0f} s) during {what}: its engine is dead "
-                                      "or wedged")
+                                      f"row (~{misses * (self.health_interval_s + self.health_timeout_s):.0f} s) during "
+                                      f"{what}: its engine is dead, wedged or frozen")
         finally:
             if not task.done():
                 task.cancel()

@@ -21,8 +21,9 @@ when all hold it; the trainer's own push (:meth:`paravt.engines.factory.EngineHa
 reaches the live servers directly, through :meth:`EnginePool.live_urls`. Each generated turn carries
 the version of the server that served it, so staleness is measured per turn.
 
-:class:`paravt.engines.router.RoutedPool` keeps these rules with vLLM servers behind ``vllm-router``: the
-router picks each episode's server and the pool evicts, removing the dead server from the router too.
+:class:`paravt.engines.router.RoutedPool` keeps these rules with servers behind a router (sglang-router,
+vllm-router): the router picks each episode's server and the pool evicts, removing the dead server from the
+router too.
 """
 
 from __future__ import annotations

@@ -51,8 +51,14 @@ class EngineBackend:
     gpus_need_cuda: bool = False  # launch settings naming GPUs need the CUDA build (the CPU build takes none)
     confirms_version: bool = False  # after a push every server reports the version it holds, and is checked
     routed: bool = False  # several servers can sit behind a router (rollout.router)
+    # LoRA runs: adapters(launch settings, rank, vision) -> the settings of a server that loads LoRA adapters of
+    # that rank (vision: on the vision tower too) at run time, pushed by the "adapter" transport; None: the
+    # backend loads none, and a LoRA run pushes the merged weights by its usual transport
+    adapters: Callable[[Any, int, bool], Any] | None = None
 
     def __post_init__(self):
+        if self.adapters is not None and "adapter" not in self.transports:
+            raise ValueError(f"engine backend {self.name!r} loads adapters: its transports must include adapter")
         bad = [t for t in self.transports if t not in TRANSPORTS]
         if bad:
             raise ValueError(f"engine backend {self.name!r}: transports must be some of {' | '.join(TRANSPORTS)}, "

@@ -1,30 +1,37 @@
-"""vLLM rollout servers behind one router: ``vllm-router`` (requirements/rl.txt, cpu.txt) started by
-trainer rank 0 in front of the servers it uses, and :class:`RoutedPool`, the engine that sends every
-request through it.
+"""Rollout servers behind one router, started by trainer rank 0 in front of the servers it uses, and
+:class:`RoutedPool`, the engine that sends every request through it. Two routers, one per engine, both
+pinned in requirements/rl.txt and cpu.txt (the trainer's own environment):
 
-* :class:`VLLMRouter` starts ``python -m vllm_router.launch_router`` from the trainer's own environment
-  once the servers answer, waits until the router reports every one of them healthy (``/readiness``),
-  and stops it with the run (it dies with the process that started it, kill -9 included). The router
-  runs ``--policy sticky_least_loaded`` with its own retries and circuit breaker off, so a failed request
-  comes back to the pool instead of being retried on the same (sticky) server.
+* vLLM: ``vllm-router`` (:class:`VLLMRouter`, ``--policy sticky_least_loaded``), requests as
+  :class:`RouterClient` (the tokens endpoint), the episode's key as ``X-Session-ID``.
+* SGLang: ``sglang-router`` (:class:`~paravt.engines.sglang_router.SGLangRouter`, ``--policy manual
+  --assignment-mode min_load``), requests as :class:`~paravt.engines.sglang_router.SGLangRouterClient`
+  (native ``/generate``), the key as ``X-SMG-Routing-Key``. The router rebuilds each body from its own
+  typed request, which has no ``sampling_params.logit_bias``: the ban on generating vision placeholders
+  travels as a custom logit processor instead (:mod:`paravt.engines.sglang_logit_processor`; the servers run
+  ``--enable-custom-logit-processor``).
+
+Both are started the same way:
+
+* The router process is ``python -m <router>.launch_router`` from the trainer's environment, started once
+  the servers answer; :meth:`RouterProcess.start` returns when the router reports every server healthy
+  (``/readiness``), and it stops with the run (it dies with the process that started it, kill -9 included).
+  The router's own retries and circuit breaker are off, so a failed request comes back to the pool instead
+  of being retried on the same (sticky) server.
 * :class:`RoutedPool` is an :class:`~paravt.engines.pool.EnginePool` whose requests go to the router's
-  one URL. An episode's view sends its key as ``X-Session-ID``: the router puts a new key on the server
-  with the fewest keys and every later request with that key (each turn, each sub-agent) on the
-  same one. A failed request is followed by a health probe of every live server, each directly; those
-  that do not answer are evicted (one warning line each) and removed from the router
-  (``/remove_worker``), which moves their keys to a live server, and the request is sent again. With
-  no dead server the error goes back to the episode (a bad request is not a dead server). Weight pushes,
-  the version each server holds and the probes reach the servers directly, as in the pool; with none left
-  every request fails at once and the next push ends the run (exit 3).
-* The router counts each server's open keys ("sessions") and gives a new key to the server with the
-  fewest. An episode's view ends its session when the episode ends (:func:`end_episode`, which the
-  episode owner calls): the pool sends ``POST /finish_session?session_id=<key>``, so the count is of
-  episodes in flight. A key that is never finished (an episode that raised) is dropped by the router
-  after ``session_ttl_s`` without a request (``VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S``).
-
-Why not SGLang's router: ``sglang-router`` 0.3.2 rebuilds ``/generate`` from its own typed request and
-drops ``sampling_params.logit_bias`` (the ban on generating vision placeholder tokens); SGLang runs keep
-the pool, which sends each request to its server itself (docs/GUIDE.md, "Routers").
+  one URL. An episode's view sends its key in the router's key header: a new key goes to the server with
+  the fewest keys (vLLM) or requests in flight (SGLang), and every later request with that key (each turn,
+  each sub-agent) to the same one. A failed request is followed by a health probe of every live server,
+  each directly; those that do not answer are evicted (one warning line each) and removed from the router,
+  which moves their keys to a live server, and the request is sent again. With no dead server the error
+  goes back to the episode (a bad request is not a dead server). Weight pushes, the version each server
+  holds and the probes reach the servers directly, as in the pool; with none left every request fails at
+  once and the next push ends the run (exit 3).
+* vllm-router counts each server's open keys ("sessions"): an episode's view ends its session when the
+  episode ends (:func:`end_episode`, which the episode owner calls), so the count is of episodes in flight;
+  a key never finished (an episode that raised) is dropped after ``session_ttl_s`` without a request.
+  sglang-router counts requests in flight, released as each ends; a key's server is forgotten after
+  ``session_ttl_s`` without a request (``--max-idle-secs``).
 """
 
 from __future__ import annotations
@@ -37,11 +44,12 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, SamplingParams
 from paravt.engines.pool import EnginePool, PinnedEngine
 from paravt.engines.sglang import SGLangServer
+from paravt.engines.sweep import ServerSweep
 from paravt.engines.vllm import VLLMEngine
 
 log = logging.getLogger(__name__)
@@ -54,7 +62,7 @@ _SERVED = re.compile(r'^vllm_router_processed_requests_total\{worker="([^"]+)"\}
 
 @dataclass
 class RouterConfig:
-    python: str = sys.executable  # the environment holding vllm-router (the trainer's)
+    python: str = sys.executable  # the environment holding the router (the trainer's)
     host: str = "127.0.0.1"  # only trainer rank 0 talks to it
     port: int = 0  # 0: a free port
     metrics_port: int = 0  # its Prometheus port (requests per server, :meth:`RoutedPool.take_served`); 0: a free port
@@ -62,8 +70,8 @@ class RouterConfig:
     # a key unused this long is dropped from the router's per-server session count (the episodes that
     # ended are released at once, see end_episode; this only bounds those that raised)
     session_ttl_s: int = 1800
-    log_file: str | None = None  # the router's log (null: vllm-router_<port>.log)
-    extra_args: list[str] = field(default_factory=list)  # more vllm-router flags
+    log_file: str | None = None  # the router's log (null: <router>_<port>.log)
+    extra_args: list[str] = field(default_factory=list)  # more router flags
 
     @property
     def url(self) -> str:
@@ -75,7 +83,7 @@ class RouterConfig:
 
 
 def router_command(cfg: RouterConfig, worker_urls: Sequence[str]) -> list[str]:
-    """argv of the router in front of ``worker_urls``."""
+    """argv of vllm-router in front of ``worker_urls``."""
     if not worker_urls:
         raise ValueError("a router needs at least one rollout server URL")
     if not cfg.port or not cfg.metrics_port:
@@ -89,11 +97,12 @@ def router_command(cfg: RouterConfig, worker_urls: Sequence[str]) -> list[str]:
             "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.metrics_port), *cfg.extra_args]
 
 
-class VLLMRouter(SGLangServer):
-    """The router process: ``VLLMRouter(cfg, urls).start()`` returns once it reports every server healthy;
-    ``stop()`` ends it (start, port wait, log and stop as :class:`~paravt.engines.sglang.SGLangServer`)."""
+class RouterProcess(SGLangServer):
+    """A router process: ``Router(cfg, urls).start()`` returns once it reports every server healthy; ``stop()``
+    ends it (start, port wait, log and stop as :class:`~paravt.engines.sglang.SGLangServer`). A router says how
+    to list, remove and count its servers, how a key's session ends, and which client sends to it."""
 
-    name = "vllm-router"
+    name = "router"
     kill_grace_s = 5.0
     stop_grace_s = 10.0
 
@@ -108,9 +117,6 @@ class VLLMRouter(SGLangServer):
         super().__init__(cfg)
         self.worker_urls = [u.rstrip("/") for u in worker_urls]
 
-    def command(self) -> tuple[list[str], dict[str, str]]:
-        return router_command(self.cfg, self.worker_urls), {SESSION_TTL_ENV: str(int(self.cfg.session_ttl_s))}
-
     def log_tail(self, n: int = 40) -> str:
         return re.sub(r"\x1b\[[0-9;]*m", "", super().log_tail(n))  # it colours its log even into a file
 
@@ -122,7 +128,7 @@ class VLLMRouter(SGLangServer):
         seen = "no answer"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise EngineError(f"vllm-router exited with code {self.proc.returncode}:\n{self.log_tail()}")
+                raise EngineError(f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 r = requests.get(self.cfg.url + "/readiness", timeout=5)
                 body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
@@ -132,9 +138,58 @@ class VLLMRouter(SGLangServer):
             except (requests.RequestException, ValueError):
                 pass
             time.sleep(0.5)
-        raise EngineError(f"vllm-router at {self.cfg.url} did not report the {len(self.worker_urls)} rollout "
+        raise EngineError(f"{self.name} at {self.cfg.url} did not report the {len(self.worker_urls)} rollout "
                           f"server(s) healthy within {self.cfg.startup_timeout_s:.0f} s (last /readiness: {seen}):\n"
                           f"{self.log_tail()}")
+
+    def workers(self) -> list[str]:  # pragma: no cover - each router's own
+        raise NotImplementedError
+
+    def _remove(self, url: str) -> str | None:  # pragma: no cover - each router's own
+        """Ask the router to drop ``url``; None, or why it did not answer yes."""
+        raise NotImplementedError
+
+    def remove(self, url: str) -> bool:
+        """Stop routing to ``url`` (its keys move to a live server at their next request). A router may answer
+        yes for a URL it does not know, so its worker list is read before and after: a URL that was never
+        listed, or is still listed, is one warning line. True when it was removed."""
+        import requests  # noqa: PLC0415
+
+        url = url.rstrip("/")
+        try:
+            before = self.workers()
+            why = self._remove(url) if url in before else None
+            after = self.workers() if why is None and url in before else before
+        except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+            before, after, why = [], [], f"{type(exc).__name__}: {exc}"
+        if why is None and url not in before:
+            why = f"it was not among the router's workers {before}"
+        elif why is None and url in after:
+            why = "it is still among the router's workers after it was removed"
+        if why is not None:
+            log.warning("%s at %s did not remove the evicted server %s (%s)", self.name, self.cfg.url, url, why)
+        return why is None
+
+    def served(self) -> dict[str, int]:  # pragma: no cover - each router's own
+        """Requests the router has sent to each server since it started (its Prometheus counters)."""
+        raise NotImplementedError
+
+    def finish_session(self, key: str) -> tuple[str, dict[str, str]] | None:
+        """The request (path, query) that ends ``key``'s session in the router, or None when its count needs none."""
+        return None
+
+    def client(self, engines: Sequence[Any], max_concurrency: int) -> Any:  # pragma: no cover - each router's own
+        """The engine that sends requests to the router as ``engines`` (the servers' own clients) would."""
+        raise NotImplementedError
+
+
+class VLLMRouter(RouterProcess):
+    """``vllm-router`` (``--policy sticky_least_loaded``) in front of vLLM rollout servers."""
+
+    name = "vllm-router"
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        return router_command(self.cfg, self.worker_urls), {SESSION_TTL_ENV: str(int(self.cfg.session_ttl_s))}
 
     def workers(self) -> list[str]:
         """The servers the router routes to (``/list_workers``)."""
@@ -144,48 +199,33 @@ class VLLMRouter(SGLangServer):
         r.raise_for_status()
         return [u.rstrip("/") for u in r.json()["urls"]]
 
-    def remove(self, url: str) -> bool:
-        """Stop routing to ``url`` (its keys move to a live server at their next request). The router
-        answers 200 even for a URL it does not know, so its worker list is read before and after: a URL
-        that was never listed, or is still listed, is one warning line. True when it was removed."""
+    def _remove(self, url: str) -> str | None:
         import requests  # noqa: PLC0415
 
-        url = url.rstrip("/")
-        try:
-            before = self.workers()
-            r = requests.post(self.cfg.url + "/remove_worker", params={"url": url}, timeout=5)
-            after = self.workers() if r.status_code == 200 else before
-            why = None if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:200]}"
-        except (requests.RequestException, ValueError, KeyError) as exc:
-            before, after, why = [], [], f"{type(exc).__name__}: {exc}"
-        if why is None and url not in before:
-            why = f"it was not among the router's workers {before}"
-        elif why is None and url in after:
-            why = "it is still among the router's workers after /remove_worker"
-        if why is not None:
-            log.warning("vllm-router at %s did not remove the evicted server %s (%s)", self.cfg.url, url, why)
-        return why is None
+        r = requests.post(self.cfg.url + "/remove_worker", params={"url": url}, timeout=5)
+        return None if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:200]}"
 
     def served(self) -> dict[str, int]:
-        """Requests the router has sent to each server since it started (its Prometheus counter)."""
         import requests  # noqa: PLC0415
 
         text = requests.get(self.cfg.metrics_url, timeout=5).text
         return {u: int(float(n)) for u, n in _SERVED.findall(text)}
 
+    def finish_session(self, key: str) -> tuple[str, dict[str, str]] | None:
+        return "/finish_session", {"session_id": key}
 
-async def _key_header(_session, _ctx, params) -> None:
-    """aiohttp's ``on_request_start``: the running episode's key, if any, as the key header."""
-    key = _KEY.get()
-    if key is not None:
-        params.headers[KEY_HEADER] = key
+    def client(self, engines: Sequence[VLLMEngine], max_concurrency: int) -> "RouterClient":
+        e = engines[0]
+        return RouterClient(self.cfg.url, server=self, model=e.model, request_timeout_s=e.request_timeout_s,
+                            max_retries=e.max_retries, max_concurrency=max_concurrency,
+                            banned_token_ids=e.banned_token_ids, image_token_id=e.image_token_id)
 
 
-class RouterClient(VLLMEngine):
-    """:class:`~paravt.engines.vllm.VLLMEngine` at the router's URL: the tokens endpoint with the key
-    header of the request in progress (:meth:`RoutedPool.route` sets it); its liveness is the router's."""
+class KeyedClient:
+    """A client at a router's URL: each request carries the running episode's key (set by
+    :meth:`RoutedPool.route`) in the router's key header; its liveness is the router's."""
 
-    server_kind = "vLLM router"
+    key_header = KEY_HEADER
 
     @property
     def health_url(self) -> str:
@@ -195,11 +235,26 @@ class RouterClient(VLLMEngine):
         import aiohttp  # noqa: PLC0415
 
         if self._session is None or self._session.closed:
+            header = self.key_header
+
+            async def key_header(_session, _ctx, params) -> None:
+                key = _KEY.get()
+                if key is not None:
+                    params.headers[header] = key
+
             trace = aiohttp.TraceConfig()
-            trace.on_request_start.append(_key_header)
+            trace.on_request_start.append(key_header)
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
                                                   trace_configs=[trace])
         return self._session
+
+
+class RouterClient(KeyedClient, VLLMEngine):
+    """:class:`~paravt.engines.vllm.VLLMEngine` at vllm-router's URL: the tokens endpoint, the key as
+    ``X-Session-ID``."""
+
+    server_kind = "vLLM router"
+    key_header = KEY_HEADER
 
 
 async def end_episode(engine) -> None:
@@ -219,12 +274,11 @@ class RoutedPin(PinnedEngine):
         await self.pool.finish_session(self.key)
 
 
-class RoutedPool(EnginePool):
+class RoutedPool(ServerSweep, EnginePool):
     """Rollout servers (``engines``, each reached directly for weights and probes) whose requests go
     through ``router`` (see the module docstring)."""
 
-    def __init__(self, engines: Sequence[VLLMEngine], router: VLLMRouter, client: RouterClient,
-                 probe_timeout_s: float = 10.0):
+    def __init__(self, engines: Sequence[Any], router: RouterProcess, client: Any, probe_timeout_s: float = 10.0):
         super().__init__(engines, probe_timeout_s)
         self.router, self.client = router, client
         self._served_base = self._read_served() or {}
@@ -232,19 +286,17 @@ class RoutedPool(EnginePool):
         self._finish_failed = False
 
     @classmethod
-    def start(cls, engines: Sequence[VLLMEngine], cfg: RouterConfig | None = None, probe_timeout_s: float = 10.0,
-              max_concurrency: int = 256) -> "RoutedPool":
-        """A router started in front of ``engines`` (their servers answer already) and the pool over it. Its
-        client sends requests as the servers' own clients would, ``max_concurrency`` at once per server."""
-        e = engines[0]
-        router = VLLMRouter(cfg or RouterConfig(), [x.url for x in engines]).start()
+    def start(cls, engines: Sequence[Any], cfg: RouterConfig | None = None, probe_timeout_s: float = 10.0,
+              max_concurrency: int = 256, router: type[RouterProcess] = VLLMRouter) -> "RoutedPool":
+        """A ``router`` (a :class:`RouterProcess` class: :class:`VLLMRouter`,
+        :class:`~paravt.engines.sglang_router.SGLangRouter`) started in front of ``engines``
+        (their servers answer already) and the pool over it. Its client sends requests as the servers' own
+        clients would, ``max_concurrency`` at once per server."""
+        proc = router(cfg or RouterConfig(), [x.url for x in engines]).start()
         try:
-            client = RouterClient(router.cfg.url, server=router, model=e.model, request_timeout_s=e.request_timeout_s,
-                                  max_retries=e.max_retries, max_concurrency=max_concurrency * len(engines),
-                                  banned_token_ids=e.banned_token_ids, image_token_id=e.image_token_id)
-            return cls(engines, router, client, probe_timeout_s)
+            return cls(engines, proc, proc.client(engines, max_concurrency * len(engines)), probe_timeout_s)
         except BaseException:
-            router.stop()
+            proc.stop()
             raise
 
     def evict(self, i: int, why: str) -> None:
@@ -256,17 +308,22 @@ class RoutedPool(EnginePool):
         return RoutedPin(self, key)
 
     async def finish_session(self, key: str) -> None:
-        """``POST /finish_session?session_id=<key>``: the router stops counting ``key`` on its server. A
-        key never sent is not asked about; a failed call is one warning per run (a key left open only
-        skews the balance until the router's TTL drops it)."""
+        """End ``key``'s session in the router (vllm-router: ``POST /finish_session?session_id=<key>``; the router
+        stops counting ``key`` on its server; sglang-router needs no request). A key never sent is not asked
+        about; a failed call is one warning per run (a key left open only skews the balance until the router's
+        TTL drops it)."""
         import aiohttp  # noqa: PLC0415
 
         if key not in self.open_sessions:
             return
         self.open_sessions.discard(key)
+        request = self.router.finish_session(key)
+        if request is None:
+            return
+        path, query = request
         try:
             session = await self.client._http()
-            async with session.post(self.router.cfg.url + "/finish_session", params={"session_id": key},
+            async with session.post(self.router.cfg.url + path, params=query,
                                     timeout=aiohttp.ClientTimeout(total=10)) as r:
                 if r.status == 200:
                     return
@@ -274,8 +331,8 @@ class RoutedPool(EnginePool):
         except Exception as exc:  # noqa: BLE001 - a release is best effort: never the episode's failure
             why = f"{type(exc).__name__}: {exc}"
         (log.debug if self._finish_failed else log.warning)(
-            "vllm-router at %s did not finish session %r (%s); it is dropped after %d s unused",
-            self.router.cfg.url, key, why, self.router.cfg.session_ttl_s)
+            "%s at %s did not finish session %r (%s); it is dropped after %d s unused",
+            self.router.name, self.router.cfg.url, key, why, self.router.cfg.session_ttl_s)
         self._finish_failed = True
 
     async def route(self, pin, input_ids, images, params: SamplingParams) -> GenerationOutput:
@@ -291,11 +348,14 @@ class RoutedPool(EnginePool):
                 self.open_sessions.add(pin.key)
             token = _KEY.set(pin.key if pin is not None else None)
             try:
-                out = await self.client.generate(input_ids, images, params)
+                out = await self._while_servers_answer(asyncio.ensure_future(self.client.generate(input_ids, images,
+                                                                                                   params)), gone)
             except Exception as exc:  # noqa: BLE001 - judged below, as a failed request
                 out = GenerationOutput([], [], "error", self.weight_version, error=f"{type(exc).__name__}: {exc}")
             finally:
                 _KEY.reset(token)
+            if out is None:  # a server was evicted while this waited: sent again (the router moved its keys)
+                continue
             if out.finish_reason != "error":
                 return out
             live = self.live
@@ -309,7 +369,8 @@ class RoutedPool(EnginePool):
         try:
             return self.router.served()
         except Exception as exc:  # noqa: BLE001 - a metric: its absence is said, never a failed step
-            log.warning("could not read vllm-router's request counts from %s: %s", self.router.cfg.metrics_url, exc)
+            log.warning("could not read %s's request counts from %s: %s", self.router.name,
+                        self.router.cfg.metrics_url, exc)
             return None
 
     def take_served(self) -> list[int]:
@@ -326,4 +387,3 @@ class RoutedPool(EnginePool):
 
     async def close(self) -> None:
         await asyncio.gather(self.client.close(), super().close(), return_exceptions=True)
-

@@ -39,6 +39,7 @@ from typing import Any, Sequence
 
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
 from paravt.engines.http import HTTPSessionMixin, LaunchedServerMixin, wait_healthy, weight_group_env
+from paravt.engines.sglang_logit_processor import processor_string
 from paravt.engines.sglang_protocol import (BEGIN_UPDATE_PAYLOAD, PAUSE_PAYLOAD, bucket_payload, checksums, generate_payload,
                                             init_group_payload, parse_generate_response, unwritten,
                                             update_from_disk_payload)
@@ -72,6 +73,11 @@ class SGLangServerConfig:
     # K rounded to an even number) and ignores the per-request video_url.fps / max_frames; so K is one
     # value per server. null: SGLang's default (2 fps, capped).
     video_nframes: int | None = None
+    # --enable-custom-logit-processor, with this repository on the server's PYTHONPATH: requests may carry a
+    # custom logit processor, and ours (paravt.engines.sglang_logit_processor: the vision-token ban that
+    # crosses sglang-router, which drops logit_bias) can be read. On for rollout servers (the backend's
+    # rollout settings). SGLang unpickles the processor: whoever reaches the port can run code in the server.
+    enable_custom_logit_processor: bool = False
     extra_args: list[str] = field(default_factory=list)  # more sglang.launch_server flags
     startup_timeout_s: float = 1200.0  # give up waiting for /health after this
     log_file: str | None = None  # server log (null: sglang_<port>.log)
@@ -108,9 +114,14 @@ def launch_command(cfg: SGLangServerConfig) -> tuple[list[str], dict[str, str]]:
         argv += ["--served-model-name", cfg.served_model_name]
     if cfg.video_nframes:
         argv += ["--mm-process-config", json.dumps({"video": {"nframes": int(cfg.video_nframes)}})]
+    if cfg.enable_custom_logit_processor:
+        argv += ["--enable-custom-logit-processor"]
     argv += list(cfg.extra_args)
     env = {"CUDA_VISIBLE_DEVICES": physical_gpus(cfg.gpus), "SGLANG_VLM_CACHE_SIZE_MB": str(cfg.vlm_cache_size_mb),
            **weight_group_env()}
+    if cfg.enable_custom_logit_processor:  # the processor's class is imported from this repository
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
     return argv, env
 
 
@@ -224,10 +235,14 @@ class SGLangEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
 
     def __init__(self, url: str, server: SGLangServer | None = None, request_timeout_s: float = 900.0,
                  max_retries: int = 3, max_concurrency: int = 256, banned_token_ids: Sequence[int] = (),
-                 image_token_id: int | None = None, verify_push: bool = False):
+                 image_token_id: int | None = None, verify_push: bool = False, ban_by_processor: bool = False):
         self.url = url.rstrip("/")
         self.verify_push = verify_push  # account for every parameter in the next broadcast (verify_payload)
         self.banned_token_ids = list(banned_token_ids)
+        # the ban also as a custom logit processor (sglang_logit_processor), for requests through sglang-router,
+        # which drops sampling_params.logit_bias; the server needs --enable-custom-logit-processor
+        self.logit_processor = (processor_string(self.banned_token_ids)
+                                if ban_by_processor and self.banned_token_ids else None)
         self.image_token_id = image_token_id  # <|image_pad|>: collapsed to one per image in requests
         self.server = server
         self.request_timeout_s = request_timeout_s
@@ -236,7 +251,9 @@ class SGLangEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
         self._sem = asyncio.Semaphore(max_concurrency)
 
     async def _post(self, path: str, payload: dict[str, Any]) -> Any:
-        return await self.post_json(self.url + path, payload, before_attempt=self._check_alive)
+        """POST with the retry policy while the server's health is probed (:meth:`watched`): a server that
+        dies, or stops answering while it holds its port, fails the request in seconds, not at its timeout."""
+        return await self.watched(self.post_json(self.url + path, payload, before_attempt=self._check_alive), path)
 
     async def generate(self, input_ids, images, params: SamplingParams) -> GenerationOutput:
         t0 = time.perf_counter()
@@ -244,7 +261,7 @@ class SGLangEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
         async with self._sem:
             try:
                 body = generate_payload(input_ids, ImageInputs.wrap(images), params, self.banned_token_ids,
-                                        self.image_token_id)
+                                        self.image_token_id, self.logit_processor)
                 resp = await self._post("/generate", body)
             except (EngineError, ValueError) as exc:
                 return GenerationOutput([], [], "error", self.weight_version, error=str(exc))

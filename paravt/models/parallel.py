@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from paravt.models import vision_join
+from paravt.models import lora, vision_join
 from paravt.models.fsdp_groups import shard_groups
 from paravt.models.stage_main import RunAborted  # noqa: F401 - raised here, re-exported for callers
 
@@ -203,6 +203,8 @@ def load_fsdp2(path: str | Path, dist_info: DistInfo, *, dtype: str = "float32",
     from transformers import AutoConfig, AutoModelForImageTextToText  # noqa: PLC0415
 
     full = load_model(path, dtype=dtype, attn_implementation=attn_implementation) if dist_info.is_main else None
+    if full is not None and prepare is not None:
+        prepare(full)  # the same parameters as the sharded model's (LoRA adapters: their start values come from here)
     config = full.config if full is not None else AutoConfig.from_pretrained(str(path))
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config, dtype=resolve_dtype(dtype),
@@ -317,7 +319,7 @@ def full_state_dict(model) -> dict[str, torch.Tensor] | None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    sd = get_model_state_dict(model, options=opts)
+    sd = lora.merge_state_dict(model, get_model_state_dict(model, options=opts))  # LoRA: the merged model's
     return sd if (not dist.is_initialized() or dist.get_rank() == 0) else None
 
 
@@ -327,14 +329,15 @@ def iter_full_params(model, dtype: torch.dtype | None = None):
     gather moves the target dtype's bytes (fp32 shards pushed as bf16: half the traffic; the cast is
     elementwise, so the result is bit-identical to gathering first) and no rank ever holds more than
     one full parameter beyond its shards. Tied parameters come once (the names ``save_pretrained``
-    writes); every rank yields the tensors (only the sender keeps them)."""
-    for name, p in model.named_parameters():
-        t = p.detach()
-        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
-            t = t.to(dtype)  # a DTensor casts its local shard and keeps its placements
-        if hasattr(t, "full_tensor"):
-            t = t.full_tensor()
-        yield name, t
+    writes); every rank yields the tensors (only the sender keeps them). A model with LoRA adapters
+    yields the merged model's (:func:`paravt.models.lora.merged`)."""
+    def gathered():
+        for name, p in model.named_parameters():
+            t = p.detach()
+            if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+                t = t.to(dtype)  # a DTensor casts its local shard and keeps its placements
+            yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t)
+    return lora.merged(model, gathered())
 
 
 def weight_buckets(model, dtype: torch.dtype, bucket_bytes: int, is_sender: bool):
@@ -345,7 +348,7 @@ def weight_buckets(model, dtype: torch.dtype, bucket_bytes: int, is_sender: bool
     from paravt.core.weight_sync import TensorMeta, WeightBuckets, dtype_name, plan_buckets  # noqa: PLC0415
 
     metas = [TensorMeta(n, dtype_name(dtype if p.is_floating_point() else p.dtype), tuple(p.shape))
-             for n, p in model.named_parameters()]
+             for n, p in lora.merged_params(model)]  # a LoRA model's: the merged names and shapes
     plan = plan_buckets(metas, bucket_bytes)
     params = iter_full_params(model, dtype)  # one pass, in plan order, on every rank
 

@@ -14,8 +14,10 @@ from paravt.core.prompts import PromptSource
 from paravt.engines.registry import EngineBackend, backend_names, get_backend
 from paravt.engines.sglang import SGLangServerConfig
 from paravt.engines.vllm import VLLMServerConfig
+from paravt.models.lora import LoraConfig
 from paravt.rl.dynamic_sampling import check_dynamic_sampling
 from paravt.rl.gating import DEFAULT_CHOICES, check_gating_choices
+from paravt.rl.gtr_config import GTRConfig
 from paravt.rl.loss_agg import LossAgg, check_loss_agg_norm
 from paravt.rl.rewards.judge import JudgeConfig
 from paravt.rl.rewards.terms import RewardKnobs
@@ -29,8 +31,6 @@ Correction = Literal["token", "sequence"]
 WeightSync = Literal["auto", "broadcast", "disk"]
 SyncBackend = Literal["auto", "nccl", "gloo"]
 TrainStrategy = Literal["fsdp2", "none"]
-GTRMode = Literal["off", "observe", "train"]
-Corrector = Literal["oracle", "llm"]
 
 
 @dataclass
@@ -192,9 +192,9 @@ class RolloutConfig:
     # node's launcher starts its own servers and trainer rank 0 finds them through output_dir; replicas,
     # the server's gpus / tp_size and NPROC are then not read. Empty: servers on node 0, launched by rank 0.
     layout: str = ""
-    # vllm with two or more servers: requests through vllm-router (paravt.engines.router; sticky by episode, a
-    # dead server evicted and its requests sent again; weight pushes still to each server). false: the pool
-    # sends each request to its server itself. SGLang always uses the pool (GUIDE "Routers" says why).
+    # sglang | vllm with two or more servers: requests through sglang-router | vllm-router (paravt.engines.router;
+    # sticky by episode, a dead server evicted and its requests sent again; weight pushes still to each server).
+    # false: the pool sends each request to its server itself (GUIDE "Routers").
     router: bool = True
     weight_sync: str = choice(WeightSync)  # auto | broadcast | disk (see above)
     bucket_mb: int = 1024  # broadcast: MiB per bucket (rank 0's extra memory during a push: one bucket + one parameter)
@@ -204,6 +204,12 @@ class RolloutConfig:
     # ends the run: one line, exit 3, a checkpoint. Also bounds a disk reload.
     sync_timeout_s: float = 300.0
     control_timeout_s: float = 30.0  # pause / version / cache / resume requests of a push
+    # While a request or a push waits on a rollout server its /health is probed every health_interval_s
+    # (each probe bounded at 5 s); health_misses probes in a row without an answer evict it like a dead one
+    # (one line) and its requests and the push go to the live servers: a server frozen while holding its
+    # port is found within health_misses x (health_interval_s + 5) s, not at the request's timeout.
+    health_interval_s: float = 5.0
+    health_misses: int = 3  # probes in a row without an answer that evict a server (see above)
     # SGLang, broadcast: each server's first push accounts for every tensor with SGLang's own
     # /weights_checker (reset every tensor to noise, checksum, push, checksum: one still equal was not
     # written; the run stops naming it). vLLM checks every push in its worker (vllm_worker.py).
@@ -243,6 +249,9 @@ class RolloutConfig:
                              f"{' | '.join(b.transports)} (use auto or one of those)")
         if self.bucket_mb < 1 or self.sync_timeout_s <= 0 or self.control_timeout_s <= 0:
             raise ValueError("rollout.bucket_mb >= 1, rollout.sync_timeout_s > 0 and rollout.control_timeout_s > 0 required")
+        if self.health_interval_s <= 0 or self.health_misses < 1:
+            raise ValueError(f"rollout.health_interval_s must be > 0 and rollout.health_misses >= 1, got "
+                             f"{self.health_interval_s}, {self.health_misses}")
         if not 0.0 <= self.max_skipped_fraction <= 1.0 or self.max_bad_steps < 0:
             raise ValueError(f"rollout.max_skipped_fraction must be in [0, 1] and rollout.max_bad_steps >= 0, got "
                              f"{self.max_skipped_fraction}, {self.max_bad_steps}")
@@ -295,33 +304,6 @@ class LogConfig:
 
 
 @dataclass
-class GTRConfig:
-    """Guided thought reinforcement (opt-in; see paravt.rl.gtr). Off leaves PARA-GRPO unchanged."""
-
-    mode: str = choice(GTRMode)  # off | observe (judge thoughts + collapse metrics, no extra loss) | train (+ lambda NLL)
-    corrector: str = choice(Corrector)  # oracle (the synthetic world's ground truth) | llm (OpenAI-compatible endpoint)
-    sft_weight: float = 1.0  # lambda in L = L_PARA-GRPO + lambda * mean NLL(corrected thoughts)
-    think_weight: float = 1.0  # per-token weight of thought tokens in the PPO loss (the GTR code's c; 1 = off)
-    buffer_size: int = 4096  # corrected thoughts kept (DAgger-style aggregation over the run; oldest dropped)
-    sft_ratio: float = 1.0  # SFT samples per RL sample drawn from the buffer each step (1:1 as in GTR)
-    max_judged_turns: int = 64  # thoughts judged per step (a seeded sample; bounds the LLM corrector's calls)
-    world: str = ""  # oracle: the synthetic world folder (world.json); default: found beside train_data
-    base_url: str = ""  # llm corrector: OpenAI-compatible endpoint (http://host:port/v1)
-    model: str = ""  # llm corrector: model name (empty: the server's first /v1/models entry)
-    api_key_env: str = "PARAVT_CORRECTOR_API_KEY"  # llm corrector: the key's variable (set in .secrets.env)
-    timeout_s: float = 60.0  # llm corrector: per-request timeout; failures mean "no correction"
-    max_retries: int = 1  # llm corrector: retries after the first attempt
-    max_frames: int = 8  # llm corrector: overview frames sent with each judgement
-
-    def __post_init__(self):
-        check_choices(self, "gtr")
-        if self.sft_weight < 0 or self.think_weight < 0 or self.sft_ratio < 0 or self.buffer_size < 1:
-            raise ValueError("gtr.sft_weight, think_weight, sft_ratio must be >= 0 and buffer_size >= 1")
-        if self.mode != "off" and self.corrector == "llm" and not self.base_url:
-            raise ValueError("gtr.corrector=llm needs gtr.base_url (an OpenAI-compatible endpoint)")
-
-
-@dataclass
 class RLConfig:
     model_path: str = "???"  # the cold-start SFT checkpoint (required)
     ref_model_path: str | None = None  # default: model_path
@@ -341,6 +323,7 @@ class RLConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     gtr: GTRConfig = field(default_factory=GTRConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters on the frozen base, which is the KL reference
     logging: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self):

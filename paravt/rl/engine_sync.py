@@ -1,8 +1,8 @@
 """Trainer rank 0's rollout engine and the weight push to it, for :class:`paravt.rl.trainer.RLTrainer`.
 
 * :meth:`EngineSync.start` — the engine of ``rollout.engine`` (in-process, or
-  servers launched / reached by URL / started by each node's launcher under ``rollout.layout``, vLLM's
-  behind ``vllm-router`` with ``rollout.router``) with its timeouts and the run's
+  servers launched / reached by URL / started by each node's launcher under ``rollout.layout``, SGLang's
+  behind ``sglang-router`` and vLLM's behind ``vllm-router`` with ``rollout.router``) with its timeouts and the run's
   :class:`~paravt.engines.weight_update.WeightUpdate` (:func:`run_weight_update`; a broadcast's weight group
   is formed at the first push).
 * :meth:`EngineSync.push` — every policy version to the engine; collective (every
@@ -19,7 +19,7 @@ from typing import Any, Callable
 from paravt.core.weight_sync import GatherError
 from paravt.engines.factory import EngineHandle, build_engine
 from paravt.engines.weight_update import WeightUpdate
-from paravt.models import parallel
+from paravt.models import lora, parallel
 from paravt.models.loading import resolve_dtype
 from paravt.models.parallel import DistInfo
 from paravt.models.stage_main import RunAborted
@@ -27,11 +27,26 @@ from paravt.rl.config import RLConfig
 from paravt.rl.layout import discovered_servers
 
 
+#: The name a LoRA run's rollout servers load each version's adapter under, and its requests give.
+ADAPTER_NAME = "paravt-lora"
+
+
+def pushes_adapter(cfg: RLConfig) -> bool:
+    """A LoRA run pushes the adapter alone (``lora.push=auto``) to servers it launches whose backend loads
+    adapters at run time (``EngineBackend.adapters``); every other engine gets the merged weights."""
+    r = cfg.rollout
+    return (cfg.lora.enabled and cfg.lora.push == "auto" and r.backend().adapters is not None and r.replicas > 0
+            and not r.urls and not r.layout)
+
+
 def run_weight_update(cfg: RLConfig, trainer_on_cuda: bool) -> WeightUpdate:
-    """How weights reach the engine after a step: in memory (an in-process engine), or the backend's
-    transport of ``rollout.weight_sync`` (auto: the first it accepts) with its bucket size and group."""
+    """How weights reach the engine after a step: in memory (an in-process engine), the backend's
+    transport of ``rollout.weight_sync`` (auto: the first it accepts) with its bucket size and group, or
+    a LoRA run's adapter (:func:`pushes_adapter`)."""
     r = cfg.rollout
     b = r.backend()
+    if pushes_adapter(cfg):
+        return WeightUpdate.adapter()
     transport = b.transports[0] if r.weight_sync == "auto" or "state_dict" in b.transports else r.weight_sync
     if transport == "state_dict":
         return WeightUpdate.in_memory()
@@ -70,6 +85,7 @@ class EngineSync:
         self.cfg, self.dist, self.out, self.processor, self.save = cfg, dist, Path(out), processor, save
         self.update = run_weight_update(cfg, dist.device.type == "cuda")
         self.handle: EngineHandle | None = None
+        self.push_bytes: dict[str, float] = {}  # LoRA runs: the last push's bytes beside a whole model's
 
     def start(self, weights: str, version: int) -> EngineHandle:
         """Rank 0: the engine (``rollout.engine``) loaded with ``weights`` (policy ``version``); servers launched
@@ -82,6 +98,10 @@ class EngineSync:
         _, server = r.launch_settings()
         if server is not None and replicas and not server.log_file:
             server = dataclasses.replace(server, log_file=str(self.out / f"rollout_{r.engine}.log"))
+        adapter = None
+        if self.update.transport == "adapter":  # servers of the base model that load each version's adapter
+            server, weights, adapter = r.backend().adapters(server, self.cfg.lora.rank, self.cfg.lora.vision), \
+                self.cfg.model_path, ADAPTER_NAME
         router = None
         if r.router and r.backend().routed:
             from paravt.engines.router import RouterConfig  # noqa: PLC0415
@@ -90,7 +110,8 @@ class EngineSync:
         self.handle = build_engine(r.engine, weights, self.processor, dtype=r.dtype, seed=self.cfg.seed,
                                    batch_wait_s=r.batch_wait_s, server=server, urls=[*(found or []), *r.urls],
                                    replicas=replicas, log_file=self.out / "rollout_server.log",
-                                   weight_version=version, router=router, weight_update=self.update)
+                                   weight_version=version, router=router, weight_update=self.update, adapter=adapter,
+                                   health_interval_s=r.health_interval_s, health_misses=r.health_misses)
         self.handle.control_timeout_s = r.control_timeout_s
         self.handle.load_timeout_s = r.sync_timeout_s
         self.handle.verify_first_push = r.verify_first_push
@@ -131,6 +152,13 @@ class EngineSync:
                                  f"trainer ranks' collectives are out of step, so the newest complete checkpoint "
                                  f"(resume=auto) is where the run continues", collectives_broken=True,
                                  consequence=exc.from_peer) from None
+        elif mode == "adapter":  # LoRA: the adapter alone, in peft's format, loaded over the served base
+            root = self.out / "weights" / "lora"
+            pushed = lora.save_adapter(actor, root / f"v{version:06d}", self.dist.is_main, dtype=dtype,
+                                       base_model=self.cfg.model_path)
+            if self.dist.is_main:
+                err = self._try_push(root / f"v{version:06d}", version)
+                prune_weight_dirs(root, keep=self.cfg.grpo.max_staleness + 1)
         else:
             path = parallel.export_hf(actor, self.processor, self.out / "weights" / f"v{version:06d}", self.dist,
                                       dtype=dtype)
@@ -143,6 +171,10 @@ class EngineSync:
                 done = self.save()
                 raise RunAborted(f"the weight push of version {version} to the rollout server(s) failed: "
                                           f"{err}; checkpoint {done} (resume=auto continues from it)")
+        if self.cfg.lora.enabled:  # a whole push moves the merged model (the in-process engine: its state dict)
+            full = lora.full_bytes(actor, None if mode == "state_dict" else dtype)
+            self.push_bytes = {"sync/push_bytes": float(pushed if mode == "adapter" else full),
+                               "sync/full_push_bytes": float(full)}
         parallel.barrier()
         return time.perf_counter() - t0
 

@@ -18,28 +18,38 @@ has trainer ranks (it hosts torchrun's rendezvous at ``MASTER_ADDR``); a node's 
 without them needs ``rollout.urls``. A node with no ``train`` part only serves (its launcher starts no
 torchrun and ends with the run); one with no ``rollout`` part only trains. With a layout the layout alone
 places the servers: ``rollout.replicas``, the server's ``gpus`` and ``tp_size`` and ``NPROC`` are not read.
-No layout (the default): the servers run on node 0's ``rollout.server.gpus`` / ``rollout.vllm.gpus``,
-launched by trainer rank 0, and every other GPU trains (:mod:`paravt.rl.launch`).
+No layout (the default): the servers run on node 0's ``rollout.server.gpus`` / ``rollout.vllm.gpus``
+(``rollout.replicas`` of them) and every other GPU trains (:mod:`paravt.rl.launch`). On one node trainer
+rank 0 launches them; on several, node 0's launcher does, as under a layout, and rank 0 finds them through the
+run folder: torch's c10d rendezvous orders the nodes by their address strings (``gpu10`` before ``gpu9``),
+not by ``NODE_RANK``, so global rank 0 may run on any node.
 
 **Discovery.** Every node's launcher starts its own servers (:mod:`paravt.rl.node_servers`), each
 listening on ``LOCAL_ADDR`` (default: every interface); once all answer ``/health`` it writes
 ``output_dir/.paravt/servers/<run id>/node<N>.json`` (its URLs as ``http://<LOCAL_ADDR or hostname>:port``)
 on the run folder every node shares. Trainer rank 0 (:func:`discovered_servers`, called by
 :func:`paravt.engines.factory.build_engine`) waits for every node the layout gives servers until its
-file is there and its URLs answer, within ``SERVERS_TIMEOUT`` seconds; a node missing then, or one whose
-servers failed to start, is one line naming it (the run ends, exit 3). What it yields is a plain list of
-URLs in node order: the engine pool (or a router in front of it) takes it as it takes ``rollout.urls``.
+file is there and its URLs answer, within ``SERVERS_TIMEOUT`` seconds. A node republishes its record
+without a server that died (or failed to start), so rank 0 never waits for one known dead, a torchrun
+restart's discovery included; once one server answers, the others get ``SERVERS_GRACE`` seconds more (default
+``RDZV_TIMEOUT``: the nodes start within it of each other). Rank 0 then starts with the live servers and one
+warning line naming each one missing; only when none answers does the run end (one line, exit 3). What it
+yields is a plain list of URLs in node order: the engine pool (or a router in front of it) takes it as it
+takes ``rollout.urls``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
 
 MAX_NODES = 65536  # the most node entries a layout expands to when NNODES is not known (the config's check)
 HF_SERVER_START_S = 300.0  # paravt.engines.backends.start_hf_server's health bound
@@ -151,6 +161,7 @@ class Plan:
     expect: dict[int, int] | None  # layout: servers per node that has some; None: no layout
     rollout_gpus: list[int]  # no layout: the GPUs node 0 sets aside for the servers trainer rank 0 launches
     servers_timeout_s: float  # layout: how long rank 0 waits for every node's servers
+    serving_only: list[int] = field(default_factory=list)  # layout: the nodes with no train part
 
     def shell(self) -> str:
         """The fields ``run_rl.sh`` reads, ``-`` for an empty one (``read`` would shift the others)."""
@@ -160,7 +171,7 @@ class Plan:
         expect = "-" if self.expect is None else join(f"{n}:{c}" for n, c in self.expect.items())
         return " ".join(map(str, (join(self.train_gpus), self.nproc, self.world, self.train_nodes, len(self.servers),
                                   "rank0" if self.expect is None else "layout", expect, f"{self.servers_timeout_s:g}",
-                                  join(self.rollout_gpus))))
+                                  join(self.rollout_gpus), join(self.serving_only))))
 
 
 def read_number(env: Mapping[str, str], key: str, default: float) -> float:
@@ -196,6 +207,13 @@ def plan(cfg: Any, ngpu: int, env: Mapping[str, str] = os.environ) -> Plan:
                              f"launches the servers: leave one to train, or set rollout.layout (a node may only serve)")
         nproc = nproc_env or len(gpus) or 1
         world = world_size(ngpu, rollout, nnodes, nproc_env) if ngpu else nproc * nnodes
+        if nnodes > 1 and r.backend().server_config is not None and r.replicas > 0:
+            # Several nodes: torch's c10d rendezvous numbers the nodes by their address strings, so global rank 0
+            # may be on any node. The servers stay on node 0's rollout GPUs, started by node 0's launcher as under
+            # a layout, and rank 0 finds them through the run folder wherever it runs.
+            tp = int(getattr(settings, "tp_size", 1) or 1)
+            servers = [rollout[i * tp:(i + 1) * tp] for i in range(r.replicas)] if node == 0 else []
+            return Plan(node, nnodes, gpus, nproc, world, nnodes, servers, {0: r.replicas}, [], timeout_s)
         return Plan(node, nnodes, gpus, nproc, world, nnodes, [], None, rollout, timeout_s)
     nodes = check_layout(r.layout, engine=r.engine, urls=r.urls, nnodes=nnodes, ngpu=ngpu, node=node)
     me = nodes[node]
@@ -211,7 +229,8 @@ def plan(cfg: Any, ngpu: int, env: Mapping[str, str] = os.environ) -> Plan:
         at += n * tp
     return Plan(node, nnodes, [ids[i] for i in train], me.count("train"), sum(n.count("train") for n in nodes),
                 sum(1 for n in nodes if n.count("train")), servers,
-                {i: n.count("rollout") for i, n in enumerate(nodes) if n.count("rollout")}, [], timeout_s)
+                {i: n.count("rollout") for i, n in enumerate(nodes) if n.count("rollout")}, [], timeout_s,
+                [i for i, n in enumerate(nodes) if not n.count("train")])
 
 
 # ---------------------------------------------------------------------------------------- discovery
@@ -242,39 +261,64 @@ def _answers(url: str) -> bool:
 
 
 def discover(folder: Path, expect: dict[int, int], timeout_s: float, poll_s: float = 1.0,
-             since: float = 0.0) -> list[str]:
-    """The URLs of every server ``expect`` names (node → count), in node order, once each node's file is
-    there and its URLs answer; an ``EngineError`` (one line naming the node) when one failed to start or
-    is missing after ``timeout_s``. A record written before ``since`` is an earlier run's (a rerun into the
-    same output_dir, whose serving node has not started yet): waited on, never read as this run's."""
+             since: float = 0.0, grace_s: float | None = None) -> list[str]:
+    """The URLs of the live servers ``expect`` names (node → count), in node order.
+
+    Each node's record (``node<N>.json``) lists the servers that run (``urls``), those that died or failed to
+    start (``dead``, with ``errors``; a node whose servers all failed has only ``error``). Rank 0 waits for
+    every listed URL to answer ``/health``, but never for a server its node records as dead. It returns once
+    every server is live or known dead; else, once one answers, the others get ``grace_s`` more seconds
+    (default: what is left of ``timeout_s``) and the whole wait ends at ``timeout_s``. Then the live servers
+    are returned with one warning line naming each one missing, or, when none answers, an ``EngineError``
+    (one line naming every node). A record that accounts for a number of servers other than the layout's is
+    an ``EngineError`` at once. A record written before ``since`` is an earlier run's (a rerun into the same
+    output_dir, whose serving node has not started yet): waited on, never read as this run's."""
     from paravt.engines.base import EngineError  # noqa: PLC0415
 
-    deadline = time.monotonic() + timeout_s
-    found: dict[int, list[str]] = {}
+    t0 = time.monotonic()
+    deadline, first_live = t0 + timeout_s, None
+    live: dict[int, list[str]] = {}
     while True:
-        waiting = []
+        waiting, gone, live = [], [], {}
         for n, count in sorted(expect.items()):
-            if n in found:
-                continue
             rec = _record(folder, n)
             if rec is None or rec.get("written", 0.0) < since:
                 waiting.append(f"node {n} (no {folder / f'node{n}.json'} of this run)")
-            elif rec.get("error"):
-                raise EngineError(f"rollout.layout: the rollout servers of node {n} ({rec.get('host')}) did not start: "
-                                  f"{rec['error']}")
-            elif len(rec.get("urls", [])) != count:
-                raise EngineError(f"rollout.layout: node {n} ({rec.get('host')}) published {len(rec.get('urls', []))} "
-                                  f"server(s), the layout gives it {count}: start every node with the same rollout.layout")
-            elif not all(_answers(u) for u in rec["urls"]):
-                waiting.append(f"node {n} ({rec.get('host')}: its servers {', '.join(rec['urls'])} do not answer /health)")
-            else:
-                found[n] = list(rec["urls"])
-        if not waiting:
-            return [u for n in sorted(found) for u in found[n]]
-        if time.monotonic() >= deadline:
-            raise EngineError(f"rollout.layout: no rollout servers from {'; '.join(waiting)} within {timeout_s:g} s "
-                              f"(SERVERS_TIMEOUT): start that node's launcher (the same command, its own NODE_RANK), "
-                              f"read its server log under output_dir, and keep output_dir on a filesystem every node shares")
+                continue
+            host, urls, dead = rec.get("host"), list(rec.get("urls", [])), list(rec.get("dead", []))
+            if rec.get("error") and not urls:
+                gone.append(f"node {n} ({host}): its rollout servers did not start: {rec['error']}")
+                continue
+            if len(urls) + len(dead) != count:
+                raise EngineError(f"rollout.layout: node {n} ({host}) published {len(urls) + len(dead)} server(s), the "
+                                  f"layout gives it {count}: start every node with the same rollout.layout")
+            errors = list(rec.get("errors", [])) + [""] * len(dead)
+            gone += [f"node {n} ({host}): {u} {e or 'exited'}" for u, e in zip(dead, errors)]
+            up = [u for u in urls if _answers(u)]
+            if up:
+                live[n] = up
+            if len(up) < len(urls):
+                waiting.append(f"node {n} ({host}: its servers {', '.join(u for u in urls if u not in up)} do not "
+                               f"answer /health)")
+        now = time.monotonic()
+        if live and first_live is None:
+            first_live = now
+        urls_live = [u for n in sorted(live) for u in live[n]]
+        late = first_live is not None and grace_s is not None and now - first_live >= grace_s
+        if not waiting or now >= deadline or late:
+            missing = waiting + gone
+            if not urls_live:
+                why = "; ".join(missing)
+                raise EngineError(f"rollout.layout: no rollout server answers ({why}) within {now - t0:.0f} s "
+                                  f"(SERVERS_TIMEOUT={timeout_s:g}): start that node's launcher (the same command, its "
+                                  f"own NODE_RANK), read its server log under output_dir, and keep output_dir on a "
+                                  f"filesystem every node shares")
+            if missing:
+                bound = "" if not waiting else f" after {now - t0:.0f} s (SERVERS_TIMEOUT={timeout_s:g}" + \
+                    (f", SERVERS_GRACE={grace_s:g})" if grace_s is not None else ")")
+                log.warning("rollout.layout: starting with %d live rollout server(s)%s; missing: %s",
+                            len(urls_live), bound, "; ".join(missing))
+            return urls_live
         time.sleep(poll_s)
 
 
@@ -285,5 +329,7 @@ def discovered_servers() -> list[str] | None:
     if not folder:
         return None
     expect = {int(n): int(c) for n, _, c in (x.partition(":") for x in os.environ.get("PARAVT_SERVERS_NODES", "").split(",")) if c}
+    grace = os.environ.get("PARAVT_SERVERS_GRACE")
     return discover(Path(folder), expect, float(os.environ.get("PARAVT_SERVERS_TIMEOUT") or 600),
-                    since=float(os.environ.get("PARAVT_SERVERS_SINCE") or 0)) if expect else []
+                    since=float(os.environ.get("PARAVT_SERVERS_SINCE") or 0),
+                    grace_s=float(grace) if grace else None) if expect else []

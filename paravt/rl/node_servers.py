@@ -1,11 +1,15 @@
-"""The rollout servers one node runs under a ``rollout.layout`` (:mod:`paravt.rl.layout`), started by that
-node's launcher: ``python -m paravt.rl.node_servers --ngpu N [--nodes-dir DIR] RECIPE [key=value ...]``.
+"""The rollout servers one node runs under a ``rollout.layout`` (:mod:`paravt.rl.layout`), or node 0's of a
+run on several nodes without one, started by that node's launcher: ``python -m paravt.rl.node_servers --ngpu N [--nodes-dir DIR] RECIPE [key=value ...]``.
 
 They start together, each listening on ``LOCAL_ADDR`` (every interface when unset; loopback on one
 node), with ``NCCL_CUMEM_ENABLE`` from the launcher (the weight group's setting, as for servers trainer
-rank 0 launches); once all answer ``/health`` their URLs go to ``$PARAVT_SERVERS_DIR/node<N>.json`` for
-trainer rank 0 (:func:`paravt.rl.layout.discover`). A server that fails to start is published as that
-node's error (rank 0 ends the run with its line) and this exits 3.
+rank 0 launches); once each has answered ``/health`` or failed, their URLs go to
+``$PARAVT_SERVERS_DIR/node<N>.json`` for trainer rank 0 (:func:`paravt.rl.layout.discover`). A server that
+fails to start, or exits later, is one line here and is moved to the record's ``dead`` list (republished), so
+rank 0 starts without it and a torchrun restart's discovery does not wait for it; the others keep serving.
+A node none of whose servers started publishes only its error; beside trainers it exits 3 (its launcher's
+torchrun goes on), a node that only serves keeps beating until the run ends, so the run goes on with the
+other nodes' servers (rank 0 exits 3 only when none answers).
 """
 
 from __future__ import annotations
@@ -78,19 +82,35 @@ def _stop_line(code: int, line: str) -> int:
     return code
 
 
-def _until_the_run_ends(held: list[_Held], urls: list[str], trainers: list[int], nodes_dir: Path | None,
+class _Record:
+    """This node's published servers: the live ones (``urls``, ``pids``) and the dead (``dead``, ``errors``)."""
+
+    def __init__(self, path: Path, base: dict, held: list[_Held], urls: list[str]):
+        self.path, self.base, self.held, self.urls = path, base, held, urls
+        self.dead: dict[int, str] = {i: h.error for i, h in enumerate(held) if h.error}
+
+    def publish(self) -> None:
+        live = [i for i in range(len(self.held)) if i not in self.dead]
+        publish(self.path, {**self.base, "urls": [self.urls[i] for i in live],
+                            "pids": [self.held[i].server.proc.pid for i in live],
+                            "dead": [self.urls[i] for i in self.dead], "errors": list(self.dead.values())})
+
+
+def _until_the_run_ends(rec: _Record, trainers: list[int], nodes_dir: Path | None,
                         since: float, stop: threading.Event, prog: str, me: str) -> int:
     """The exit code of this node once the run is over (see :func:`serve`); a server that exits before is
-    one line (rank 0's pool evicts it)."""
+    one line and leaves the record (rank 0's pool evicts it)."""
     from paravt.core.shared_fs import read_beat, read_exit  # noqa: PLC0415
 
-    join_s, beat, gone = read_number(os.environ, "RDZV_TIMEOUT", 300), set(), set()
+    join_s, beat = read_number(os.environ, "RDZV_TIMEOUT", 300), set()
     while not stop.wait(1.0):
-        for i, h in enumerate(held):
-            if i not in gone and h.server.proc.poll() is not None:
-                gone.add(i)
-                print(f"{prog}the rollout server {urls[i]} on {me} exited (code {h.server.proc.returncode}); "
-                      f"trainer rank 0's pool evicts it", file=sys.stderr, flush=True)
+        for i, h in enumerate(rec.held):
+            if i not in rec.dead and h.server.proc is not None and h.server.proc.poll() is not None:
+                rec.dead[i] = f"exited (code {h.server.proc.returncode})"
+                rec.publish()
+                print(f"{prog}the rollout server {rec.urls[i]} on {me} exited (code {h.server.proc.returncode}); "
+                      f"this node's record lists it as dead and trainer rank 0's pool evicts it", file=sys.stderr,
+                      flush=True)
         if nodes_dir is None:
             continue
         for n in trainers:
@@ -121,8 +141,18 @@ def serve(cfg: Any, p: Plan, folder: Path, nodes_dir: Path | None, prog: str = "
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     multi, local = p.nnodes > 1, os.environ.get("LOCAL_ADDR")
+    if nodes_dir is not None and multi:  # only serves: the shared-folder check torchrun's entry runs elsewhere
+        from paravt.core.shared_fs import check_serving  # noqa: PLC0415
+
+        env = os.environ
+        line = check_serving(nodes_dir, p.node_rank, prog, read_number(env, "FS_CHECK_TIMEOUT", 60),
+                             read_number(env, "RDZV_TIMEOUT", 300), env.get("PARAVT_RUN_ID", ""),
+                             env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT") or 29500))
+        if line is not None:
+            return _stop_line(2, line)
     addr = local or (socket.gethostname() if multi else "127.0.0.1")
     folder.mkdir(parents=True, exist_ok=True)
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)  # the servers' logs go there
     mine, me = folder / f"node{p.node_rank}.json", node_label(p.node_rank)
     mine.unlink(missing_ok=True)  # an earlier run's
     servers = node_servers(cfg, p, local or ("0.0.0.0" if multi else "127.0.0.1"))
@@ -133,18 +163,29 @@ def serve(cfg: Any, p: Plan, folder: Path, nodes_dir: Path | None, prog: str = "
     for h in held:
         h.start()
     try:
-        while not stop.is_set() and not any(h.error for h in held) and not all(h.ready.is_set() for h in held):
+        while not stop.is_set() and not all(h.ready.is_set() for h in held):  # each healthy, or failed
             time.sleep(0.2)
-        failed = [f"server {i + 1} of {len(held)}: {h.error}" for i, h in enumerate(held) if h.error]
-        if failed:
-            publish(mine, {**record, "error": failed[0]})
-            return _stop_line(3, f"{prog}: the rollout servers of {me} did not start: {failed[0]}")
         if stop.is_set():
             return 143
-        publish(mine, {**record, "urls": urls, "pids": [h.server.proc.pid for h in held]})
-        print(f"{prog}: {me} serves {', '.join(urls)} (rollout.layout)", file=sys.stderr, flush=True)
-        trainers = [n for n, c in enumerate(check_layout(cfg.rollout.layout)) if c.count("train")]
-        return _until_the_run_ends(held, urls, trainers, nodes_dir, since, stop, f"{prog}: ", me)
+        failed = [f"server {i + 1} of {len(held)}: {h.error}" for i, h in enumerate(held) if h.error]
+        trainers = [n for n, c in enumerate(check_layout(cfg.rollout.layout)) if c.count("train")] \
+            if cfg.rollout.layout else list(range(p.nnodes))  # no layout: every node trains
+        if len(failed) == len(held):
+            publish(mine, {**record, "error": failed[0]})
+            if nodes_dir is None:  # beside this node's trainers: its torchrun goes on with the other nodes' servers
+                return _stop_line(3, f"{prog}: the rollout servers of {me} did not start: {failed[0]}")
+            print(f"{prog}: the rollout servers of {me} did not start: {failed[0]}; this node only beats until the run "
+                  f"ends (trainer rank 0 goes on with the other nodes' servers)", file=sys.stderr, flush=True)
+        rec = _Record(mine, record, held, urls)
+        for line in failed:
+            print(f"{prog}: {me}: a rollout server did not start ({line}); the node serves without it",
+                  file=sys.stderr, flush=True)
+        if len(failed) < len(held):
+            rec.publish()
+            live = [u for i, u in enumerate(urls) if i not in rec.dead]
+            print(f"{prog}: {me} serves {', '.join(live)} (rollout.layout)", file=sys.stderr, flush=True)
+        failed = []  # published: the record stays for rank 0 until this node ends
+        return _until_the_run_ends(rec, trainers, nodes_dir, since, stop, f"{prog}: ", me)
     finally:
         for h in held:
             h.done.set()

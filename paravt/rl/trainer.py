@@ -32,7 +32,7 @@ from paravt.agent.episode import EpisodeSample
 from paravt.core.metrics import append_jsonl, trim_jsonl
 from paravt.core.seeding import seed_everything
 from paravt.data.schema import load_rl_rows
-from paravt.models import parallel
+from paravt.models import lora, parallel
 from paravt.models.stage_main import RunAborted
 from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
                                    resolve_dtype)
@@ -60,6 +60,9 @@ GTR_CURVES = ["gtr/corrected_fraction", "gtr/valid_thought_fraction", "gtr/thoug
 
 class RLTrainer:
     def __init__(self, cfg: RLConfig):
+        if cfg.lora.enabled and (cfg.ref_model_path or cfg.model_path) != cfg.model_path:
+            raise ValueError("lora.enabled: the KL reference is model_path with the adapters off; ref_model_path "
+                             f"must be null or model_path, got {cfg.ref_model_path}")
         self.cfg = cfg
         self.dist = parallel.init_distributed()
         cfg.check_world_size(self.dist.world_size)
@@ -74,26 +77,34 @@ class RLTrainer:
             if cfg.trainer.gradient_checkpointing:
                 enable_activation_checkpointing(m)
             m.config.use_cache = False
+            if cfg.lora.enabled:  # peft's adapters on the frozen base: only they train (paravt.models.lora)
+                lora.attach(m, cfg.lora)
 
         ref_path = cfg.ref_model_path or cfg.model_path
+        load_ref = cfg.grpo.kl_coef > 0 and not cfg.lora.enabled  # LoRA: no second model (the actor, adapters off)
         if cfg.trainer.strategy == "fsdp2":
             # Sharded start-up: rank 0 reads each checkpoint, every rank keeps its shards (parallel.load_fsdp2).
             actor = parallel.load_fsdp2(cfg.model_path, self.dist, dtype="float32", attn_implementation=attn,
                                         compute_dtype=compute, prepare=prepare_actor, sharded=cfg.trainer.sharded_init)
             ref = parallel.load_fsdp2(ref_path, self.dist, dtype=cfg.trainer.dtype, attn_implementation=attn,
                                       prepare=lambda m: m.requires_grad_(False), sharded=cfg.trainer.sharded_init) \
-                if cfg.grpo.kl_coef > 0 else None
+                if load_ref else None
         else:
             actor = load_model(cfg.model_path, dtype="float32", attn_implementation=attn)
             prepare_actor(actor)
             actor.to(self.dist.device)
             ref = None
-            if cfg.grpo.kl_coef > 0:
+            if load_ref:
                 ref = load_model(ref_path, dtype=cfg.trainer.dtype, attn_implementation=attn)
                 ref.requires_grad_(False)
                 ref.to(self.dist.device)
         if ref is not None:
             ref.eval()
+        if cfg.lora.enabled and cfg.grpo.kl_coef > 0:
+            ref = actor  # scored under lora.reference(actor): the frozen base
+        if cfg.lora.enabled and self.dist.is_main:
+            log.info("LoRA (rank %d, alpha %g): %d of %d parameters train", cfg.lora.rank, cfg.lora.alpha,
+                     *lora.trainable_counts(actor))
         self.image_token_id = actor.config.image_token_id
         self.vision_ids = torch.tensor(vision_token_ids(self.processor.tokenizer), dtype=torch.long)
         self.actor, self.ref = actor, ref
@@ -134,6 +145,7 @@ class RLTrainer:
         m["time/train"] = time.perf_counter() - t0
         self.global_step += 1
         m["time/sync"] = self.sync.push(self.actor, self.global_step)
+        m.update(self.sync.push_bytes)  # LoRA runs: the push's bytes beside a whole model's
         if batch is not None:
             m.update(batch.metrics)
             m.update({"time/rollout": batch.seconds, "rollout/staleness": self.global_step - 1 - batch.weight_version,
@@ -181,7 +193,7 @@ class RLTrainer:
         loss_kl = g.kl_coef if g.kl_mode == "loss_k3" and self.ref is not None else 0.0
         refs = [None] * len(pack)
         if loss_kl > 0:
-            with torch.no_grad():
+            with torch.no_grad(), lora.reference(self.ref):  # LoRA: the actor with its adapters off
                 refs = [lp for lp, _ in self._logps(self.ref, pack)]
         think_w = self.cfg.gtr.think_weight if self.gtr is not None else 1.0
         losses = [sample_loss(s, logp, ent, prox.get(id(s), logp.detach()), ref, token_adv.get(id(s)), g, loss_kl,
@@ -212,7 +224,8 @@ class RLTrainer:
         """This rank's per-token advantages and KL-reward sum (:func:`paravt.rl.grpo.batch_token_advantages`)."""
         g = self.cfg.grpo
         kl_reward = g.kl_mode == "reward_k1" and g.kl_coef > 0 and self.ref is not None
-        refs = self._score(self.ref, owned, pad) if kl_reward else None
+        with lora.reference(self.ref):  # LoRA: the actor with its adapters off
+            refs = self._score(self.ref, owned, pad) if kl_reward else None
         return batch_token_advantages(owned[self.dist.rank], refs, g.kl_coef, g.batch_adv_norm and g.adv_norm_level == "token",
                                       parallel.all_reduce_sum)
 
@@ -258,6 +271,8 @@ class RLTrainer:
         # weights and the optimizer state are in the sharded DCP checkpoint beside it.
         parallel.export_hf(self.actor, self.processor, path / "hf", self.dist,
                            dtype=resolve_dtype(self.cfg.trainer.dtype))
+        if self.cfg.lora.enabled:  # beside the merged hf/: the adapter alone, in peft's format
+            lora.save_adapter(self.actor, path / "adapter", self.dist.is_main, base_model=self.cfg.model_path)
         if self.gtr is not None and self.dist.is_main:
             self.gtr.save(path)
         parallel.mark_complete(path, self.dist, self.cfg.keep_last)
@@ -316,8 +331,9 @@ class RLTrainer:
                 parallel.announce("engine_start")
             else:  # rank 0 may take up to the servers' start-up timeout: wait for it here, not in a collective
                 parallel.await_rank0("engine_start", start_s)
-            # servers this run did not launch (rollout.urls, a layout's) hold unknown weights: push this run's first
-            if cfg.rollout.urls or cfg.rollout.layout:
+            # servers this run did not launch (rollout.urls, a layout's) hold unknown weights, and a LoRA run's
+            # servers the base alone: push this run's first
+            if cfg.rollout.urls or cfg.rollout.layout or self.sync.update.transport == "adapter":
                 self.sync.push(self.actor, self.global_step)
             producer = self._start_rollouts() if self.dist.is_main else None
             para = cfg.paravt.anchoring.weight > 0 or cfg.paravt.gating.nframes_gating  # else vanilla GRPO

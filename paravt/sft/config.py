@@ -9,6 +9,7 @@ from typing import Literal
 from paravt.core.config import check_choices, check_dtype, check_run_paths, choice, require
 from paravt.core.metrics import WandbMode
 from paravt.core.video_reader import Decoder
+from paravt.models.lora import LoraConfig
 
 Scheduler = Literal["cosine", "constant"]
 Strategy = Literal["fsdp2", "deepspeed", "ddp", "none"]
@@ -209,6 +210,7 @@ class SFTConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     logging: LogConfig = field(default_factory=LogConfig)
     copy_aux: CopyAuxConfig = field(default_factory=CopyAuxConfig)  # tiny model only: keep/grow copying
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters on a frozen base (off: every parameter trains)
 
     def __post_init__(self):
         require(self, model_path="model_path is required (a save_pretrained directory or hub id)",
@@ -230,6 +232,8 @@ class SFTConfig:
                              f"(packing=false); with packing every bin is its own forward/backward: set "
                              f"global_batch_size, the bins of an optimizer step over all ranks")
         check_dtype(self.dtype)
+        if self.lora.enabled and self.dist.strategy == "deepspeed":
+            raise ValueError("lora.enabled trains under dist.strategy=fsdp2, ddp or none, not deepspeed")
         if self.copy_aux.weight and self.dist.strategy == "deepspeed":
             raise ValueError("copy_aux (the tiny model's copy lessons) runs under fsdp2, ddp or none, not deepspeed")
 

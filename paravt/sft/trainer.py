@@ -19,7 +19,8 @@ background thread (``prefetch``) and copied to the device from pinned memory wit
 
 Every ``save_every`` steps: ``<output_dir>/checkpoints/step_N/`` holds the resumable state
 (model + optimizer through torch.distributed.checkpoint, scheduler, step, each rank's data
-cursor and RNG) and ``hf/`` (``save_pretrained`` model + processor that RL and eval load).
+cursor and RNG) and ``hf/`` (``save_pretrained`` model + processor that RL and eval load; with
+``lora.enabled`` the merged model, and ``adapter/`` beside it: :mod:`paravt.models.lora`).
 ``resume=auto`` continues from the newest complete checkpoint: same step counter, same data
 order. Metrics go to ``metrics.jsonl`` and wandb (offline by default); ``loss_curve.png`` at the end.
 """
@@ -37,7 +38,7 @@ import torch
 
 from paravt.core.seeding import seed_everything, stable_hash
 from paravt.core.video import keep_open_videos
-from paravt.models import parallel, vision_join
+from paravt.models import lora, parallel, vision_join
 from paravt.models.loading import (default_attn_implementation, enable_activation_checkpointing, load_model, load_processor,
                                    resolve_dtype)
 from paravt.models.losses import supervised_ce_sum
@@ -122,6 +123,8 @@ class SFTTrainer:
             m.config.use_cache = False
             if cfg.optim.freeze_lm_head:
                 freeze_lm_head(m)
+            if cfg.lora.enabled:  # peft's adapters on the frozen base: only they train (paravt.models.lora)
+                lora.attach(m, cfg.lora)
 
         strategy = cfg.dist.strategy
         self.ds_engine = None
@@ -140,6 +143,9 @@ class SFTTrainer:
         self.rope_index = inner.model.get_rope_index
         self.image_token_id = inner.config.image_token_id
         self.model = model
+        if cfg.lora.enabled and self.dist.is_main:
+            log.info("LoRA (rank %d, alpha %g): %d of %d parameters train", cfg.lora.rank, cfg.lora.alpha,
+                     *lora.trainable_counts(model))
         self.optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.vision_lr_scale,
                                                         cfg.optim.lr), lr=cfg.optim.lr,
                                            betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
@@ -224,7 +230,9 @@ class SFTTrainer:
             self._export_ds(path / "hf")
         else:
             parallel.save_resumable(path, self.model, self.optimizer, state, self.dist, rank_extra)
-            parallel.export_hf(self.model, self.processor, path / "hf", self.dist)
+            parallel.export_hf(self.model, self.processor, path / "hf", self.dist)  # LoRA: the merged model
+            if self.cfg.lora.enabled:  # and the adapter alone, in peft's format
+                lora.save_adapter(self.model, path / "adapter", self.dist.is_main, base_model=self.cfg.model_path)
         parallel.mark_complete(path, self.dist, self.cfg.keep_last)
         return path
 

@@ -57,6 +57,16 @@ def load_method(pkg: str, rel: str, cls: str, method: str, namespace: dict[str, 
     return ns[method]
 
 
+def load_function(pkg: str, rel: str, name: str, namespace: dict[str, Any]):
+    """One module-level function, compiled from the release's source as written."""
+    path = package_dir(pkg) / rel
+    src = path.read_text()
+    node = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    ns = dict(namespace)
+    exec(compile(ast.get_source_segment(src, node), f"{path}:{name}", "exec"), ns)  # noqa: S102 - the release's code
+    return ns[name]
+
+
 class _JsonBase(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rid: Optional[str] = None
 

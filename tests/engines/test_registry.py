@@ -93,7 +93,8 @@ def test_every_builtin_backend_loads_and_declares_what_it_takes():
         b = get_backend(name)
         assert b.name == name and (b.control is not None) == (name not in ("hf", "openai"))
     assert get_backend("hf").transports == ("state_dict",) and get_backend("openai").transports == ()
-    assert get_backend("vllm").routed and get_backend("vllm").confirms_version and not get_backend("sglang").routed
+    assert get_backend("vllm").routed and get_backend("vllm").confirms_version and get_backend("sglang").routed
+    assert not get_backend("hf_server").routed and not get_backend("remote").routed
     with pytest.raises(ValueError, match="transports must be some of state_dict | disk | broadcast"):
         EngineBackend("bad", lambda spec: None, transports=("nccl",))
     with pytest.raises(EngineError, match="^engine 'openai' takes no weights$"):

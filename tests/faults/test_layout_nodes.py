@@ -85,9 +85,75 @@ def test_a_node_whose_servers_never_appear_ends_the_run_with_one_line_naming_it(
     line = _last_line(err)
     print(line)
     assert p.returncode == 3, err[-3000:]
-    assert "the rollout engine did not start: EngineError: rollout.layout: no rollout servers from node 1 (no " in line
-    assert "within 5 s (SERVERS_TIMEOUT)" in line and "NODE_RANK" in line, line
-    assert err.count("no rollout servers from node 1") <= 2  # one line, not once per restart
+    assert "the rollout engine did not start: EngineError: rollout.layout: no rollout server answers (node 1 (no " in line
+    assert "(SERVERS_TIMEOUT=5)" in line and "NODE_RANK" in line, line
+    assert err.count("no rollout server answers") <= 2  # one line, not once per restart
+
+
+def _rank0_node() -> str | None:
+    """NODE_RANK of the launcher whose torchrun runs global rank 0 (read from the worker's environment)."""
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and b"paravt.rl.train" in (d / "cmdline").read_bytes():
+                env = dict(x.split(b"=", 1) for x in (d / "environ").read_bytes().split(b"\0") if b"=" in x)
+                if env.get(b"RANK") == b"0" and b"LOCAL_RANK" in env:
+                    return env[b"NODE_RANK"].decode()
+        except OSError:
+            pass
+    return None
+
+
+def test_without_a_layout_rank_0_finds_node_0s_servers_on_whichever_node_torch_puts_it(world, tiny_dir, tmp_path):
+    """torch's c10d rendezvous orders the nodes by address string: 127.0.0.10 (node 1) before 127.0.0.9 (node 0),
+    so global rank 0 runs on node 1; node 0's launcher starts the server and rank 0 finds it: 2 steps, exit 0."""
+    out, port = tmp_path / "rl", free_port()
+    cmd = [a for a in _rl(world, tiny_dir, out, "-") if not a.startswith("rollout.layout=")] + ["rollout.replicas=1"]
+    env = {"NPROC": "1", "RDZV_TIMEOUT": "60", "HEARTBEAT_S": "1", "MAX_RESTARTS": "0"}
+    procs = [_node(cmd, n, port, LOCAL_ADDR=addr, **env) for n, addr in ((0, "127.0.0.9"), (1, "127.0.0.10"))]
+    rank0, record = None, None
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and all(p.poll() is None for p in procs) and (rank0 is None or record is None):
+            rank0 = rank0 or _rank0_node()
+            try:
+                record = record or json.loads((out / ".paravt/servers" / f"paravt-{port}" / "node0.json").read_text())
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.3)
+        errs = [p.communicate(timeout=600)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    assert [p.returncode for p in procs] == [0, 0], errs[0][-3000:] + "\n----\n" + errs[1][-3000:]
+    assert rank0 == "1"  # the order torch chose, not NODE_RANK's
+    assert record is not None and record["urls"] == [record["urls"][0]] and "127.0.0.9" in record["urls"][0]
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [s["step"] for s in steps if "step" in s] == [1, 2]
+
+
+def test_a_serving_only_node_with_its_own_folder_stops_both_nodes_with_exit_2_naming_it(world, tiny_dir, tmp_path):
+    """Node 1 only serves (no torchrun of its own): it checks the folder before it starts servers, and node 0's
+    watcher ends node 0's run with its line, in seconds (not rank 0's SERVERS_TIMEOUT)."""
+    port, t0 = free_port(), time.monotonic()
+    env = {"NPROC": "", "RDZV_TIMEOUT": "60", "HEARTBEAT_S": "1", "MAX_RESTARTS": "0", "FS_CHECK_TIMEOUT": "3",
+           "SERVERS_TIMEOUT": "600"}
+    procs = [_node(_rl(world, tiny_dir, tmp_path / f"own{n}", "train:1,rollout:1"), n, port, **env) for n in (0, 1)]
+    try:
+        errs = [p.communicate(timeout=300)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    took = time.monotonic() - t0
+    lines = [_last_line(e) for e in errs]
+    print(f"{took:.1f} s: {lines[1]}")
+    assert [p.returncode for p in procs] == [2, 2], errs[0][-3000:] + "\n----\n" + errs[1][-3000:]
+    assert lines[1].startswith("run_rl.sh: node 1 (") and "does not see node 0's heartbeat move under " in lines[1]
+    assert "within 3 s (FS_CHECK_TIMEOUT)" in lines[1] and "shares" in lines[1], lines[1]
+    assert lines[0] == lines[1]  # node 0 ends with node 1's line
+    assert not list((tmp_path / "own1").glob("rollout_server*.log"))  # no server started on node 1
+    assert took < 120, took
 
 
 def _launch(world, tiny_dir, tmp_path, layout: str, **env: str) -> subprocess.CompletedProcess:

@@ -69,7 +69,7 @@ def _step_payloads(batch, monkeypatch, other_rank_misses_a_video: bool = False) 
     monkeypatch.setattr(parallel, "all_reduce_max", lambda x: 1.0 if other_rank_misses_a_video else float(x))
     trained = []
     rank0 = SimpleNamespace(gtr=None, global_step=0, actor=None, dist=SimpleNamespace(world_size=2, rank=0),
-                            sync=SimpleNamespace(push=lambda actor, step: 0.0),
+                            sync=SimpleNamespace(push=lambda actor, step: 0.0, push_bytes={}),
                             train_on=lambda samples, sft: trained.append(samples) or {})
     RLTrainer.step(rank0, batch)
     return sent, trained[0]
