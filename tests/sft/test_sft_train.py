@@ -130,7 +130,12 @@ def test_the_step_is_the_same_on_one_rank_or_two(world, tiny_dir, tmp_path):
             "keep_last=2"]
     one = SFTTrainer(_cfg(world, tiny_dir, tmp_path / "one", max_steps=2,
                           **dict(o.split("=") for o in over)))
-    one.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the two ranks run (OMP_NUM_THREADS=1): another thread count sums in another order
+    try:
+        one.train()
+    finally:
+        torch.set_num_threads(threads)
     import json
     a = [json.loads(ln) for ln in (tmp_path / "one/metrics.jsonl").read_text().splitlines()]
     b = _two_ranks(world, tiny_dir, tmp_path / "two", *over)
