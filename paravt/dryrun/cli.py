@@ -23,7 +23,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    "node, the recipe's placement choosing the trainer ranks among them. Default 8")
     p.add_argument("--gpu", choices=("h100", "h200", "a100"), default="h100", help="the GPU the figures are for")
     p.add_argument("--gpu-memory", type=float, default=None, help="GiB a rank may use (default: the GPU's)")
-    p.add_argument("--model-config", default=None, help="a config.json (or its folder); default Qwen3-VL-8B's")
+    p.add_argument("--model-config", default=None, help="a config.json (or its folder); default: the published "
+                   "config of the Qwen3-VL-2B/4B/8B the recipe's model_path names, else Qwen3-VL-8B's")
     p.add_argument("--layers", default="all", help="'all' (trace every text layer) or 'A,B': trace A and B text "
                    "layers and extrapolate linearly to the model's depth")
     p.add_argument("--answer-tokens", type=int, default=None, help="RL: policy tokens a sample (default "

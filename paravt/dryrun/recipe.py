@@ -80,7 +80,11 @@ def run(stage: str, cfg, recipe: str, gpus: int, gpu_name: str, gpu_memory: floa
     gpu = report.GPUS[gpu_name]
     if gpu_memory is not None:
         gpu = report.GPU(gpu.name, gpu_memory, gpu.bf16_tflops, gpu.hbm_tbs, gpu.link_gbs)
-    full = workload.model_config(model_path, text_layers)
+    # no --model-config: the published config the recipe's model_path names (Qwen3-VL-2B/4B/8B), else the 8B's
+    from paravt.models.reference_shapes import reference_size  # noqa: PLC0415
+
+    reference = None if model_path is not None else (reference_size(getattr(cfg, "model_path", None)) or "8b")
+    full = workload.model_config(model_path, text_layers, reference)
     depth = workload.text_layers(full)
     if world is None:
         placement = trainer_world(stage, cfg, gpus)
@@ -104,7 +108,8 @@ def run(stage: str, cfg, recipe: str, gpus: int, gpu_name: str, gpu_memory: floa
     ranks, notes, busiest, traces_kept = [], [], None, None
     checks: dict[str, Any] = {}
     for group in groups:
-        traces = [steps.trace(stage, cfg, workload.model_config(model_path, d), world, group[0], opts) for d in depths]
+        traces = [steps.trace(stage, cfg, workload.model_config(model_path, d, reference), world, group[0], opts)
+                  for d in depths]
         figs = [report.figures(t, gpu) for t in traces]
         if extrapolated:
             fig = report.extrapolate(figs[0], figs[1], depths[0], depths[1], depth)
@@ -152,7 +157,7 @@ def run(stage: str, cfg, recipe: str, gpus: int, gpu_name: str, gpu_memory: floa
                            f"{', reference scores' if work['reference_model'] else ''}, PPO loss, optimizer step")
     res: dict[str, Any] = {
         "recipe": recipe, "stage": stage, "torch": torch.__version__, "transformers": transformers.__version__,
-        "model": {"name": "Qwen3-VL-8B" if model_path is None else model_path, "text_layers": depth,
+        "model": {"name": f"Qwen3-VL-{reference.upper()}" if model_path is None else model_path, "text_layers": depth,
                   "vision_blocks": int(full.vision_config.depth), "params": 0},
         "gpu": {"key": gpu_name, **vars(gpu)}, "world": world, "gpus_per_node": gpus,
         "layers_traced": depths, "extrapolated": extrapolated, "linear_check": checks or {"verdict": "not needed"},

@@ -115,8 +115,8 @@ def advice(stage: str, cfg, split: dict[str, float], world: int, ckpt: bool) -> 
     if act >= state:
         knobs = [pack, frames] + ([micro] if micro else []) + ([] if ckpt else ["turn gradient_checkpointing on"])
         knobs.append(more)
-    else:
-        knobs = [more, pack, frames]
+    else:  # the sharded state dominates: more GPUs first
+        return f"use {more}, or lower {pack} or {frames}"
     return "lower " + ", ".join(knobs[:-1]) + f", or use {knobs[-1]}" if len(knobs) > 1 else knobs[0]
 
 

@@ -26,13 +26,14 @@ PROMPT_TEXT = 468  # system prompt, question, tool schema (tokens)
 FRAME_TEXT = 8  # a frame's timestamp (tokens)
 
 
-def model_config(path: str | None, layers: int | None = None):
-    """Qwen3-VL-8B's config (``paravt.models.reference_shapes``) or the ``config.json`` at ``path`` (a file
-    or its directory), at ``layers`` text layers when given."""
+def model_config(path: str | None, layers: int | None = None, reference: str | None = None):
+    """The ``config.json`` at ``path`` (a file or its directory), else the published config of Qwen3-VL-
+    ``reference`` ("2b", "4b", "8b"; default "8b": ``paravt.models.reference_shapes``), at ``layers`` text
+    layers when given. Nothing is downloaded."""
     if path is None:
-        from paravt.models.reference_shapes import qwen3vl_8b_config  # noqa: PLC0415
+        from paravt.models.reference_shapes import qwen3vl_config  # noqa: PLC0415
 
-        cfg = qwen3vl_8b_config()
+        cfg = qwen3vl_config(reference or "8b")
     else:
         from transformers import AutoConfig  # noqa: PLC0415
 
