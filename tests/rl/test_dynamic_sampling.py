@@ -157,3 +157,33 @@ def test_a_step_whose_groups_all_lack_spread_is_not_lost_work(monkeypatch):
     for step in range(worker.cfg.rollout.max_bad_steps + 1):
         lost.check(batch, step)
     assert lost.bad_steps == 0
+
+
+@pytest.mark.launcher
+def test_through_run_rl_sh_on_two_ranks(world, tiny_dir, tmp_path):
+    """The knob as users launch it: two gloo trainer ranks, the real episodes of the tiny model at a sampling
+    temperature; every step logs its counts, the kept groups are the trained ones, and the run exits 0."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "rl"
+    cmd = ["bash", "scripts/run_rl.sh", "configs/rl/tiny.yaml", f"model_path={tiny_dir}", f"output_dir={out}",
+           f"train_data=[{world}/local/paravt_rl_synth.parquet]", "hierarchical_agent.max_new_tokens=16",
+           "hierarchical_agent.crop.subagent_max_tokens=8", "grpo.prompts_per_step=2", "grpo.n_samples=4",
+           "grpo.dynamic_sampling=true", "grpo.dynamic_sampling_max_prompts=4", "logging.wandb_project=null",
+           "logging.progress=false", "max_steps=2", "save_every=2"]
+    r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "NPROC": "2", "MAX_RESTARTS": "0", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [s for s in steps if "step" in s]
+    assert [s["step"] for s in steps] == [1, 2]
+    for s in steps:
+        drawn, kept, dropped = (s[f"dynamic_sampling/groups_{k}"] for k in ("drawn", "kept", "dropped"))
+        assert drawn == kept + dropped and 2 <= drawn <= 4 and kept <= 2, s
+        assert s["dynamic_sampling/extra_generation_share"] == pytest.approx(max(drawn - 2, 0) / drawn)
+        assert s["rollout/samples"] == 4 * kept  # only the kept groups train
+    assert (out / "final/config.json").is_file()
