@@ -36,6 +36,7 @@ Both are started the same way:
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextvars
 import dataclasses
@@ -97,7 +98,7 @@ def router_command(cfg: RouterConfig, worker_urls: Sequence[str]) -> list[str]:
             "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.metrics_port), *cfg.extra_args]
 
 
-class RouterProcess(SGLangServer):
+class RouterProcess(SGLangServer, abc.ABC):
     """A router process: ``Router(cfg, urls).start()`` returns once it reports every server healthy; ``stop()``
     ends it (start, port wait, log and stop as :class:`~paravt.engines.sglang.SGLangServer`). A router says how
     to list, remove and count its servers, how a key's session ends, and which client sends to it."""
@@ -142,12 +143,13 @@ class RouterProcess(SGLangServer):
                           f"server(s) healthy within {self.cfg.startup_timeout_s:.0f} s (last /readiness: {seen}):\n"
                           f"{self.log_tail()}")
 
-    def workers(self) -> list[str]:  # pragma: no cover - each router's own
-        raise NotImplementedError
+    @abc.abstractmethod
+    def workers(self) -> list[str]:
+        """The URLs the router routes to now."""
 
-    def _remove(self, url: str) -> str | None:  # pragma: no cover - each router's own
+    @abc.abstractmethod
+    def _remove(self, url: str) -> str | None:
         """Ask the router to drop ``url``; None, or why it did not answer yes."""
-        raise NotImplementedError
 
     def remove(self, url: str) -> bool:
         """Stop routing to ``url`` (its keys move to a live server at their next request). A router may answer
@@ -170,17 +172,17 @@ class RouterProcess(SGLangServer):
             log.warning("%s at %s did not remove the evicted server %s (%s)", self.name, self.cfg.url, url, why)
         return why is None
 
-    def served(self) -> dict[str, int]:  # pragma: no cover - each router's own
+    @abc.abstractmethod
+    def served(self) -> dict[str, int]:
         """Requests the router has sent to each server since it started (its Prometheus counters)."""
-        raise NotImplementedError
 
     def finish_session(self, key: str) -> tuple[str, dict[str, str]] | None:
         """The request (path, query) that ends ``key``'s session in the router, or None when its count needs none."""
         return None
 
-    def client(self, engines: Sequence[Any], max_concurrency: int) -> Any:  # pragma: no cover - each router's own
+    @abc.abstractmethod
+    def client(self, engines: Sequence[Any], max_concurrency: int) -> Any:
         """The engine that sends requests to the router as ``engines`` (the servers' own clients) would."""
-        raise NotImplementedError
 
 
 class VLLMRouter(RouterProcess):

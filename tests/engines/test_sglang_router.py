@@ -41,6 +41,7 @@ from paravt.engines.sglang_protocol import generate_payload
 from paravt.engines.sglang_router import SGLangRouter
 from paravt.models.images import ImageInputs
 from paravt.models.parallel import free_port
+from tests.engines.test_router import _gone
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests/conformance/sglang_router_generate.json"
@@ -256,17 +257,6 @@ def test_rl_builds_sglang_servers_behind_the_router_and_the_pool_without_it(reco
     plain = build_engine("sglang", str(tiny_dir), proc, urls=urls, replicas=0)
     assert type(plain.engine) is EnginePool and not plain.processes
     assert all(e.logit_processor is None for e in plain.engine.engines)  # direct requests keep logit_bias only
-
-
-def _gone(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_the_router_is_ready_with_every_server_and_dies_with_the_process_that_started_it(recorders, tmp_path, caplog):
