@@ -9,13 +9,17 @@
 # Needs a writable cgroup CPU controller (v2: /sys/fs/cgroup/cpu.max, v1: /sys/fs/cgroup/cpu/cpu.cfs_quota_us)
 # and a machine faster than TARGET; the quota is a share of CPU time, so memory bandwidth and latency are this
 # machine's (a throttled run is a model of a slower machine, not one). Exits with the command's code.
+#   AT_SPEED_MACHINE_GFLOPS: this machine's speed measured idle beforehand (machine_speed.sh), instead of a
+#   measurement now (which reads low while other work shares the machine and would set too large a share).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ $# -lt 2 || "$1" == -h || "$1" == --help ]]; then sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0" | sed '1s/^/usage: /'; exit 2; fi
 TARGET="$1"; shift
 [[ "$TARGET" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "at_speed.sh: TARGET_GFLOPS='$TARGET' must be a number" >&2; exit 2; }
 PY="$ROOT/.venv-cpu/bin/python"; [[ -x "$PY" ]] || PY=python3
-SPEED="$("$PY" -m paravt.core.machine_speed --seconds 2 | sed -n 's/^machine_speed_gflops=\([0-9.]*\).*/\1/p' | head -1)"
+SPEED="${AT_SPEED_MACHINE_GFLOPS:-}"
+[[ -z "$SPEED" || "$SPEED" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "at_speed.sh: AT_SPEED_MACHINE_GFLOPS='$SPEED' must be a number" >&2; exit 2; }
+[[ -n "$SPEED" ]] || SPEED="$("$PY" -m paravt.core.machine_speed --seconds 2 | sed -n 's/^machine_speed_gflops=\([0-9.]*\).*/\1/p' | head -1)"
 [[ -n "$SPEED" ]] || { echo "at_speed.sh: could not measure this machine's speed" >&2; exit 2; }
 CPUS="$(env -u OMP_NUM_THREADS nproc)"
 SHARE="$(python3 -c "import sys; t, s = map(float, sys.argv[1:3]); print(f'{t / s:.4f}')" "$TARGET" "$SPEED")"
