@@ -10,7 +10,9 @@
 #     COLDSTART_DIR: a cold start of experiments/rl_effects_pilot.sh (PILOT_STOP_AFTER=coldstart), with
 #     sft/final and world/ (its RL videos unseen by SFT); OUT_DIR default COLDSTART_DIR/dynamic_sampling
 #   SEEDS ("0 1 2"), RL_STEPS (10), N_SAMPLES (8), PROMPTS (2), LR (1e-4), EVAL_Q (40 questions), DRAWS (2 per
-#   question), RL_ARGS (extra key=value overrides for both arms)
+#   question), RL_ARGS (extra key=value overrides for both arms), REPLICATE (1: a third arm per seed, "rep", the
+#   "off" arm run again with the same seed: rep − off is the run-to-run noise the same settings show, since the
+#   rollouts' batching and the async producer's timing are not bitwise reproducible)
 #
 # Writes OUT_DIR/summary.json and OUT_DIR/summary.md: per seed and arm the score at K = 4 and 64, the training
 # reward, the share of groups with zero spread and the extra generation share; the paired difference (on - off)
@@ -32,8 +34,9 @@ read -ra EXTRA <<< "${RL_ARGS:-}"
 source .venv-cpu/bin/activate
 mkdir -p "$OUT"
 CROP=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config']['crop_max_frames'])" "$BASE/world/world.json")
+ARMS=(off on); [[ "${REPLICATE:-0}" == 1 ]] && ARMS+=(rep)
 for S in "${SEEDS[@]}"; do
-  for DS in off on; do
+  for DS in "${ARMS[@]}"; do
     RUN="$OUT/seed$S/$DS"
     if [[ ! -e "$RUN/rl/final/config.json" ]]; then
       echo "[ds] seed $S dynamic_sampling=$DS: RL ($STEPS steps)"
@@ -56,14 +59,15 @@ for S in "${SEEDS[@]}"; do
   done
 done
 
-python - "$OUT" "${SEEDS[@]}" <<'PY'
+python - "$OUT" "${REPLICATE:-0}" "${SEEDS[@]}" <<'PY'
 import json, math, sys
 from pathlib import Path
-out, seeds = Path(sys.argv[1]), sys.argv[2:]
+out, replicate, seeds = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:]
+arms = ("off", "on", "rep") if replicate else ("off", "on")
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 rows, res = [], {"seeds": seeds, "runs": {}, "diff": {}}
 for s in seeds:
-    for ds in ("off", "on"):
+    for ds in arms:
         run = out / f"seed{s}" / ds
         log = [json.loads(x) for x in (run / "rl/metrics.jsonl").read_text().splitlines() if x.strip()]
         steps = [r for r in log if "step" in r]
@@ -75,11 +79,15 @@ for s in seeds:
             summ = json.loads((run / f"eval/paragrpo-K{k}/image_url/synthetic.json").read_text())
             cell[f"score_K{k}"], cell[f"lost_K{k}"] = summ["score"], summ["lost"]
         res["runs"][f"seed{s}/{ds}"] = cell
-for key in ("score_K4", "score_K64", "reward_acc"):
-    d = [res["runs"][f"seed{s}/on"][key] - res["runs"][f"seed{s}/off"][key] for s in seeds]
+def paired(a, b, key):
+    d = [res["runs"][f"seed{s}/{a}"][key] - res["runs"][f"seed{s}/{b}"][key] for s in seeds]
     m = sum(d) / len(d)
     half = T975.get(len(d) - 1, 1.96) * math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d)) if len(d) > 1 else float("nan")
-    res["diff"][key] = {"per_seed": d, "mean": m, "ci95": [m - half, m + half]}
+    return {"per_seed": d, "mean": m, "ci95": [m - half, m + half]}
+for key in ("score_K4", "score_K64", "reward_acc"):
+    res["diff"][key] = paired("on", "off", key)
+    if replicate:  # the same arm twice: what run-to-run noise alone gives
+        res.setdefault("noise", {})[key] = paired("rep", "off", key)
 (out / "summary.json").write_text(json.dumps(res, indent=2))
 pct = lambda v: f"{100 * v:5.1f}"
 lines = ["| seed | dynamic sampling | score K=4 | score K=64 | train reward/acc | zero-spread groups | extra generation |",
@@ -88,9 +96,13 @@ for name, c in res["runs"].items():
     s, ds = name.split("/")
     lines.append(f"| {s[4:]} | {ds} | {pct(c['score_K4'])} | {pct(c['score_K64'])} | {pct(c['reward_acc'])} | "
                  f"{pct(c['zero_std'])} | {pct(c['extra_generation'])} |")
-lines += ["", "| on − off (points) | mean | 95% t-interval over seeds |", "|---|---|---|"]
-for key, d in res["diff"].items():
-    lines.append(f"| {key} | {100 * d['mean']:+.1f} | [{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}] |")
+for title, table in (("on − off", res["diff"]), ("rep − off (noise: the same arm twice)", res.get("noise", {}))):
+    if not table:
+        continue
+    lines += ["", f"| {title} (points) | mean | per seed | 95% t-interval over seeds |", "|---|---|---|---|"]
+    for key, d in table.items():
+        per = ", ".join(f"{100 * x:+.1f}" for x in d["per_seed"])
+        lines.append(f"| {key} | {100 * d['mean']:+.1f} | {per} | [{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}] |")
 (out / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

@@ -174,12 +174,35 @@ def run(stage: str, cfg, recipe: str, gpus: int, gpu_name: str, gpu_memory: floa
         "notes": notes}
     n_params, push = _param_bytes(full)
     res["model"]["params"] = n_params
+    if cfg.lora.enabled:
+        adapter = _adapter_bytes(full, cfg.lora) // 2
+        ref = " the KL reference is the actor with its adapters off (no second model);" \
+            if stage == "rl" and cfg.grpo.kl_coef > 0 else ""
+        notes.append(f"lora: rank {cfg.lora.rank} adapters (peft) on the frozen base, {adapter:,} of "
+                     f"{n_params + adapter:,} parameters train;{ref} gradients and AdamW state for the adapters alone")
     if stage == "rl":
+        from paravt.rl.engine_sync import pushes_adapter  # noqa: PLC0415
+
         link = report.NET_GBS if placement["remote_servers"] else gpu.link_gbs
-        res["weight_push"] = {"bytes": push, "servers": placement["servers"], "link_gbs": link,
+        kind = "merged" if cfg.lora.enabled else "full"
+        if pushes_adapter(cfg):  # the adapter alone, written by rank 0 and loaded by each server
+            kind, push = "adapter", _adapter_bytes(full, cfg.lora)
+        res["weight_push"] = {"bytes": push, "servers": placement["servers"], "link_gbs": link, "kind": kind,
                               "gather_wire_bytes": report.wire_bytes("all_gather", push, world),
                               "seconds": push / (link * 1e9)}
     return res
+
+
+def _adapter_bytes(cfg, lora_cfg) -> int:
+    """bf16 bytes of the LoRA adapter on the full-depth model: r x (in + out) for each adapted linear."""
+    import re  # noqa: PLC0415
+
+    from paravt.models.lora import target_pattern  # noqa: PLC0415
+    from paravt.models.reference_shapes import param_shapes  # noqa: PLC0415
+
+    pattern = re.compile(rf"(?:{target_pattern(lora_cfg)})\.weight")
+    return 2 * sum(lora_cfg.rank * (shape[0] + shape[1]) for name, shape in param_shapes(cfg)
+                   if len(shape) == 2 and pattern.fullmatch(name))
 
 
 def _param_bytes(cfg) -> tuple[int, int]:

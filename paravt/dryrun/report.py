@@ -172,10 +172,15 @@ def render(res: dict[str, Any]) -> str:
         for k, v in c.items() if v["calls"]))
     if res.get("weight_push"):
         p = res["weight_push"]
-        lines.append(f"  weight push per step: {p['bytes'] / 1e9:,.1f} GB (bf16) broadcast from trainer rank 0 to "
-                     f"{p['servers']} server(s), each receiving all of it; before it every trainer rank all-gathers "
-                     f"each parameter in bf16: {p['gather_wire_bytes'] / 1e9:,.1f} GB on the wire per rank; "
-                     f"{p['seconds']:.2f} s at {p['link_gbs']:.0f} GB/s (a bound)")
+        if p.get("kind") == "adapter":
+            lines.append(f"  weight push per step: the LoRA adapter alone, {p['bytes'] / 1e9:,.2f} GB (bf16), written by "
+                         f"trainer rank 0 and loaded by each of {p['servers']} server(s) (lora.push=auto)")
+        else:
+            merged = " (LoRA: the merged weights)" if p.get("kind") == "merged" else ""
+            lines.append(f"  weight push per step{merged}: {p['bytes'] / 1e9:,.1f} GB (bf16) broadcast from trainer "
+                         f"rank 0 to {p['servers']} server(s), each receiving all of it; before it every trainer rank "
+                         f"all-gathers each parameter in bf16: {p['gather_wire_bytes'] / 1e9:,.1f} GB on the wire per "
+                         f"rank; {p['seconds']:.2f} s at {p['link_gbs']:.0f} GB/s (a bound)")
     hs = res["host_syncs"]
     lines.append(f"  host syncs per rank per step: {hs['count']:.0f} (device values read on the host; top sites, "
                  "counted in the traced passes: "

@@ -114,6 +114,14 @@ def trace(stage: str, cfg, model_cfg, world: int, rank: int, opts: SimpleNamespa
     with propagation_guard() as hooked, fm:
         with host:
             model = workload.build_model(model_cfg, attn, ckpt)
+            if cfg.lora.enabled:  # as the trainers do before sharding: peft's adapters, every other weight frozen
+                from paravt.models import lora  # noqa: PLC0415
+                from torch.utils._python_dispatch import _disable_current_modes  # noqa: PLC0415
+                with _disable_current_modes():  # the adapters made on meta, outside the fake modes
+                    lora.attach(model, cfg.lora, empty=True)
+                for m in model.modules():
+                    if any(p.is_meta for p in m.parameters(recurse=False)):
+                        m.to_empty(device=SIM, recurse=False)
             if stage == "sft" and cfg.optim.freeze_lm_head:
                 from paravt.sft.trainer import freeze_lm_head  # noqa: PLC0415
                 freeze_lm_head(model)
@@ -204,7 +212,9 @@ def _rl_setup(cfg, model, model_cfg, sim, step_dist, opts, notes, attn, ckpt):
                             betas=tuple(cfg.optim.betas), eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
                             **parallel.adamw_kwargs(torch.device("cuda")))
     ref, ref_bytes = None, 0
-    if cfg.grpo.kl_coef > 0:
+    if cfg.grpo.kl_coef > 0 and cfg.lora.enabled:  # the KL reference: the actor with its adapters off
+        ref = model
+    elif cfg.grpo.kl_coef > 0:
         ref = workload.build_model(model_cfg, attn, False, resolve_dtype(cfg.trainer.dtype))
         ref.requires_grad_(False)
         ref = parallel.wrap_fsdp2(ref, sim, None)

@@ -18,7 +18,7 @@ that hold :class:`LoraConfig` stay light.
 from __future__ import annotations
 
 import re
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -66,9 +66,11 @@ def target_pattern(cfg: LoraConfig) -> str:
     return text
 
 
-def attach(model: Any, cfg: LoraConfig) -> Any:
+def attach(model: Any, cfg: LoraConfig, empty: bool = False) -> Any:
     """Inject ``cfg``'s adapters into ``model`` in place (every other parameter frozen); returns the PeftModel,
-    also reachable as :func:`peft_model` of ``model``. Works on a meta-device model too (sharded start-up)."""
+    also reachable as :func:`peft_model` of ``model``. Works on a meta-device model too (sharded start-up).
+    ``empty``: the adapters are made on the meta device (peft's ``low_cpu_mem_usage``) for a caller that
+    allocates them itself (the dry run, whose fake tensors cannot be moved in place)."""
     import warnings  # noqa: PLC0415
 
     import peft  # noqa: PLC0415
@@ -77,7 +79,7 @@ def attach(model: Any, cfg: LoraConfig) -> Any:
                          target_modules=target_pattern(cfg), bias="none")
     with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing
         warnings.simplefilter("ignore", FutureWarning)
-        pm = peft.get_peft_model(model, pc)
+        pm = peft.get_peft_model(model, pc, low_cpu_mem_usage=empty)
     object.__setattr__(model, _HANDLE, pm)
     return pm
 
@@ -88,11 +90,22 @@ def peft_model(model: Any) -> Any:
     return getattr(inner, "__dict__", {}).get(_HANDLE)
 
 
-def reference(model: Any):
+@contextmanager
+def reference(model: Any) -> Iterator[None]:
     """Context: ``model`` as its frozen base, the adapters switched off (peft's ``disable_adapter``); a no-op
-    for a model without adapters."""
+    for a model without adapters. The adapters keep ``requires_grad`` inside it: peft's switch-off also freezes
+    them, and FSDP2 reads ``requires_grad`` once, at its lazy init in the model's first forward; when that
+    forward is the reference's, every adapter group looks frozen to it, gets no original dtype, and under mixed
+    precision its bf16 gradients are never cast back to the fp32 parameters (the first backward fails)."""
     pm = peft_model(model)
-    return pm.disable_adapter() if pm is not None else nullcontext()
+    if pm is None:
+        yield
+        return
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    with pm.disable_adapter():
+        for p in trainable:
+            p.requires_grad_(True)
+        yield
 
 
 def trainable_counts(model: Any) -> tuple[int, int]:

@@ -116,3 +116,28 @@ def test_vision_blocks_get_fp32_rotary_under_bf16_mixed_precision(tiny_dir, dist
     assert seen == [(torch.bfloat16, torch.float32, torch.float32)] * len(model.model.visual.blocks)
     grads = [p.grad for p in model.model.visual.parameters()]
     assert all(g is not None and torch.isfinite(g.full_tensor()).all() for g in grads)
+
+
+@pytest.mark.parametrize("first", ["reference", "policy"])
+def test_lora_under_bf16_trains_whether_the_first_forward_is_the_references_or_not(tiny_dir, dist_one, first):
+    """RL with LoRA scores the KL reference with the adapters off (``lora.reference``), often as the model's
+    first forward, where FSDP2 reads which parameters train. peft's switch-off freezes the adapters; seen frozen
+    there, the adapter groups got no fp32 original dtype and their bf16 gradients were never cast back (the
+    first backward failed). The adapters' fp32 gradients arrive either way."""
+    from paravt.models import lora
+    from paravt.models.loading import load_model
+
+    model = load_model(tiny_dir)
+    lora.attach(model, lora.LoraConfig(enabled=True, rank=4, alpha=8.0))
+    parallel.wrap_fsdp2(model, dist_one, torch.bfloat16, shard_one_rank=True)
+    ids = torch.tensor([[11, 12, 13, 14, 15, 16]])
+    if first == "reference":
+        with torch.no_grad(), lora.reference(model):
+            model(input_ids=ids, use_cache=False)
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_" in n for n in trained)
+    model(input_ids=ids, use_cache=False).logits.float().square().mean().backward()
+    for n, p in trained.items():
+        assert p.grad is not None and p.grad.dtype == torch.float32, n
+    # a fresh adapter's B is 0, so A's gradient is 0 too; B's is not
+    assert all(float(p.grad.full_tensor().abs().sum()) > 0 for n, p in trained.items() if ".lora_B." in n)
