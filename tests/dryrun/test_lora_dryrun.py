@@ -1,7 +1,7 @@
 """The dry run of a LoRA recipe (configs/rl/paragrpo_8b_lora_4gpu.yaml): peft's adapters on the frozen base as the
 trainers attach them, no reference model (the actor with its adapters off), gradients and AdamW state for the
-adapters alone, and the weight push the engine gets (merged for SGLang, the adapter alone for launched vLLM
-servers). Small model in seconds; the recipe's full-width record in benchmarks/results/dryrun/."""
+adapters alone, and the weight push the engine gets (the adapter alone for launched vLLM servers, merged for
+SGLang). Small model in seconds; the recipe's full-width record in benchmarks/results/dryrun/."""
 
 from __future__ import annotations
 
@@ -25,16 +25,18 @@ def _adapter_params(rank: int) -> int:
     return rank * per_layer * TEXT["num_hidden_layers"]
 
 
-def test_lora_shrinks_gradients_and_optimizer_state_and_drops_the_reference(small_config, tmp_path):
+def test_lora_shrinks_the_optimizer_state_drops_the_reference_and_pushes_the_adapter(small_config, tmp_path):
     """The same step with and without adapters: with them, AdamW state holds the adapters alone (fp32 moments: 8
     bytes a parameter, over 3 trainer ranks) and no second model is held for the KL reference;
     the step itself (bf16 compute, the reference scored with the adapters off first) runs through the trainer."""
-    runs = {}
-    for name, extra in (("lora", []), ("full", ["lora.enabled=false"])):
+    runs = {}  # vLLM servers the run launches: the LoRA run pushes the adapter alone, the full run the model
+    for name, extra in (("lora", ["rollout.engine=vllm"]), ("full", ["lora.enabled=false", "rollout.engine=vllm"])):
         proc, res = dry_run(RECIPE, "--model-config", str(small_config), *SMALL, *extra,
                             json_out=tmp_path / f"{name}.json")
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[name] = res
+        if name == "lora":
+            assert "weight push per step: the LoRA adapter alone" in proc.stdout
     lora, full = runs["lora"], runs["full"]
     assert lora["world"] == full["world"] == 3
     n_adapter = _adapter_params(64)
@@ -48,22 +50,14 @@ def test_lora_shrinks_gradients_and_optimizer_state_and_drops_the_reference(smal
     assert m_lora["peak"] < m_full["peak"]
     # the full run holds a bf16 reference beside the fp32 actor; the LoRA run only the actor (and its adapters)
     assert m_lora["parameters"] < m_full["parameters"]
-    assert lora["weight_push"]["kind"] == "merged" and lora["weight_push"]["bytes"] == full["weight_push"]["bytes"]
-    assert full["weight_push"]["kind"] == "full"
-
-
-def test_launched_vllm_servers_get_the_adapter_alone(small_config, tmp_path):
-    proc, res = dry_run(RECIPE, "--model-config", str(small_config), *SMALL, "rollout.engine=vllm",
-                        json_out=tmp_path / "vllm.json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    push = res["weight_push"]
-    assert push["kind"] == "adapter" and push["bytes"] == 2 * _adapter_params(64)  # bf16
-    assert "the LoRA adapter alone" in proc.stdout
+    assert lora["weight_push"]["kind"] == "adapter" and lora["weight_push"]["bytes"] == 2 * n_adapter  # bf16
+    assert full["weight_push"]["kind"] == "full" and full["weight_push"]["bytes"] == 2 * full["model"]["params"]
 
 
 def test_the_recorded_lora_dry_run_fits_an_h100():
     """The recipe at Qwen3-VL-8B's width, every layer traced (benchmarks/results/dryrun/): 3 trainer ranks fit
-    an 80 GB H100; the adapters' AdamW state is under a GiB a rank where the full recipe's is tens."""
+    an 80 GB H100 with the 8B recipe's whole batch; the adapters' AdamW state is under a GiB a rank where the
+    full 4-GPU recipe's is tens; its SGLang server gets the merged weights."""
     from paravt.core.config import load_config
     from paravt.models.reference_shapes import PUBLISHED_PARAMS
     from paravt.rl.config import RLConfig
@@ -73,7 +67,8 @@ def test_the_recorded_lora_dry_run_fits_an_h100():
     full = json.loads((ROOT / "benchmarks/results/dryrun/paragrpo_4gpu.json").read_text())
     assert (res["recipe"], res["world"], res["gpus_per_node"], res["extrapolated"]) == (RECIPE, 3, 4, False)
     assert res["model"]["params"] == PUBLISHED_PARAMS["8b"] and cfg.lora.enabled and cfg.lora.rank == 64
+    assert res["work"]["samples_per_step"] == cfg.grpo.prompts_per_step * cfg.grpo.n_samples == 56
     assert all(r["fits"] and r["memory"]["peak"] <= 79.2 * GIB for r in res["ranks"])
     assert all(r["memory"]["optimizer"] < 1 * GIB for r in res["ranks"])
     assert max(r["memory"]["optimizer"] for r in full["ranks"]) > 20 * GIB
-    assert res["weight_push"]["kind"] == "merged"  # the recipe's SGLang server
+    assert res["weight_push"]["kind"] == "merged" and cfg.rollout.engine == "sglang"
