@@ -33,7 +33,7 @@ else
   CG="/sys/fs/cgroup/cpu/$NAME"; mkdir "$CG"; echo "$PERIOD" > "$CG/cpu.cfs_period_us"; echo "$QUOTA" > "$CG/cpu.cfs_quota_us"
 fi
 trap 'rmdir "$CG" 2>/dev/null || true' EXIT
-echo "at_speed.sh: this machine reads $SPEED GFLOP/s; running at $SHARE of its $CPUS CPUs' time (~$TARGET GFLOP/s)" >&2
+echo "at_speed.sh: this machine reads $SPEED GFLOP/s; running at $SHARE of its $CPUS CPUs' time (~$TARGET GFLOP/s): cgroup $CG, quota $QUOTA us per $PERIOD us" >&2
 rc=0; bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$CG" "$@" || rc=$?
 for p in $(cat "$CG/cgroup.procs" 2>/dev/null); do kill "$p" 2>/dev/null || true; done  # nothing left behind in it
 exit "$rc"
