@@ -90,11 +90,13 @@ def test_a_node_whose_servers_never_appear_ends_the_run_with_one_line_naming_it(
     assert err.count("no rollout server answers") <= 2  # one line, not once per restart
 
 
-def _rank0_node() -> str | None:
-    """NODE_RANK of the launcher whose torchrun runs global rank 0 (read from the worker's environment)."""
+def _rank0_node(out: Path) -> str | None:
+    """NODE_RANK of the launcher whose torchrun runs global rank 0 of the run writing to ``out`` (read from the
+    worker's environment; other tests' trainers running beside this one are not this run's)."""
     for d in Path("/proc").iterdir():
         try:
-            if d.name.isdigit() and b"paravt.rl.train" in (d / "cmdline").read_bytes():
+            cmd = (d / "cmdline").read_bytes() if d.name.isdigit() else b""
+            if b"paravt.rl.train" in cmd and f"output_dir={out}".encode() in cmd.split(b"\0"):
                 env = dict(x.split(b"=", 1) for x in (d / "environ").read_bytes().split(b"\0") if b"=" in x)
                 if env.get(b"RANK") == b"0" and b"LOCAL_RANK" in env:
                     return env[b"NODE_RANK"].decode()
@@ -114,7 +116,7 @@ def test_without_a_layout_rank_0_finds_node_0s_servers_on_whichever_node_torch_p
     try:
         deadline = time.time() + 300
         while time.time() < deadline and all(p.poll() is None for p in procs) and (rank0 is None or record is None):
-            rank0 = rank0 or _rank0_node()
+            rank0 = rank0 or _rank0_node(out)
             try:
                 record = record or json.loads((out / ".paravt/servers" / f"paravt-{port}" / "node0.json").read_text())
             except (OSError, ValueError):
