@@ -34,6 +34,9 @@ else
 fi
 trap 'rmdir "$CG" 2>/dev/null || true' EXIT
 echo "at_speed.sh: this machine reads $SPEED GFLOP/s; running at $SHARE of its $CPUS CPUs' time (~$TARGET GFLOP/s): cgroup $CG, quota $QUOTA us per $PERIOD us" >&2
-rc=0; bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$CG" "$@" || rc=$?
+# the command runs only once it is in the cgroup (read back from /proc/self/cgroup): an unthrottled run would be
+# reported as one at TARGET
+rc=0; bash -c 'echo $$ > "$1/cgroup.procs" && grep -q "/$2\$" /proc/self/cgroup \
+  || { echo "at_speed.sh: could not move the command into $1" >&2; exit 2; }; shift 2; exec "$@"' _ "$CG" "$NAME" "$@" || rc=$?
 for p in $(cat "$CG/cgroup.procs" 2>/dev/null); do kill "$p" 2>/dev/null || true; done  # nothing left behind in it
 exit "$rc"

@@ -7,7 +7,8 @@
 # users run on GPU nodes (scripts/run_sft.sh, scripts/run_rl.sh: preflight, torchrun for RL), one process each.
 #   bash scripts/quickstart.sh [OUT_DIR]             (default: runs/quickstart)
 #   QUICKSTART_SMALL=1 bash scripts/quickstart.sh    (a few minutes, CI's size: every stage through the same launchers at
-#     its smallest: 24 videos, 30 + 40 + 10 + 10 SFT steps, 2 RL steps of 2 prompts, 4 questions per eval cell)
+#     its smallest: 24 videos, a 10-step copy warm-up, 10 + 10 + 10 + 10 SFT steps, 2 RL steps of 2 prompts, 4 questions
+#     per eval cell)
 #   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (12), EVAL_LIMIT (60 questions per cell: the first 60 of the
 #     needle world's 120), EVAL_CONCURRENCY (64 eval samples in flight), SEED (0). bash scripts/reproduce_tiny.sh runs the
 #     measured setting of docs/RESULTS.md, RL_STEPS=20 EVAL_LIMIT=120 (~34 min per seed); these defaults fit the quickstart in 30 min.
@@ -37,7 +38,7 @@ OUT="$(cd "$OUT" && pwd)"
 SEED="${SEED:-0}"
 SFT_ATTN_ARG=(); [[ -n "${SFT_ATTN:-}" ]] && SFT_ATTN_ARG=("attn_implementation=$SFT_ATTN")
 if [[ -n "${QUICKSTART_SMALL:-}" ]]; then
-  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=100; SFT_READING=1; COPY_AUX=1; PERC_STEPS=30; SFT_STEPS=40; SFT_PHASES="${SFT_PHASES-reading_long:10 reading_episode:10}"; RL_STEPS=2; EVAL_LIMIT=4; EVAL_TOKENS=160
+  WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}" --n-train-videos 24 --n-eval-videos 8 --reading-rows 300); WARMUP_STEPS=10; SFT_READING=1; COPY_AUX=1; PERC_STEPS=10; SFT_STEPS=10; SFT_PHASES="${SFT_PHASES-reading_long:10 reading_episode:10}"; RL_STEPS=2; EVAL_LIMIT=4; EVAL_TOKENS=160
   RL_EXTRA=(grpo.prompts_per_step=2)
 else
   WORLD_ARGS=(--preset "${WORLD_PRESET:-needle}" --reading-format "${READING_FORMAT:-user}"); WARMUP_STEPS="${WARMUP_STEPS:-0}"; SFT_READING="${SFT_READING:-1}"; COPY_AUX="${COPY_AUX:-0}"; PERC_STEPS="${PERC_STEPS:-600}"; SFT_STEPS="${SFT_STEPS:-900}"; SFT_PHASES="${SFT_PHASES-reading_long:600 reading_episode:600}"; RL_STEPS="${RL_STEPS:-12}"; EVAL_LIMIT="${EVAL_LIMIT:-60}"; EVAL_TOKENS=320

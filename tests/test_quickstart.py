@@ -26,7 +26,7 @@ def test_short_quickstart(tmp_path):
     import pyarrow.parquet as pq
 
     # the tiny base got its copy warm-up, the SFT stage its reading rows, the probe reads
-    assert json.loads((out / "tiny_model/paravt_tiny.json").read_text())["copy_warmup"]["steps"] == 100
+    assert json.loads((out / "tiny_model/paravt_tiny.json").read_text())["copy_warmup"]["steps"] == 10
     assert pq.read_metadata(out / "world/local/paravt_reading_synth.parquet").num_rows == 300
     assert json.loads((out / "probe_sft.json").read_text())["reading"]["n"] == 4  # EVAL_LIMIT at CI size
     for stage in ("perception", "sft"):  # COPY_AUX=1: both stages trained the copy task beside their rows

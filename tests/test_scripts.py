@@ -209,11 +209,11 @@ def test_quickstart_reuses_a_stage_only_if_made_with_the_same_arguments(world, t
     (out / "perception" / "quickstart_args.txt").write_text(
         "configs/sft/tiny_perception.yaml\nmodel_path=<out>/tiny_model\nmax_steps=999\nseed=0\n")
     r = subprocess.run(["bash", "scripts/quickstart.sh", str(out)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "QUICKSTART_SMALL": "1"})  # its perception: 30 steps
+                       env={**os.environ, "QUICKSTART_SMALL": "1"})  # its perception: 10 steps
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
     err = r.stderr.splitlines()
     assert f"quickstart: {out}/perception was made with other settings than this run gives it:" in err
-    assert "  this run:   max_steps=30" in err and "  that stage: max_steps=999" in err
+    assert "  this run:   max_steps=10" in err and "  that stage: max_steps=999" in err
     assert "  this run:   seed=0" not in err  # the lines both share are not listed
     # before it: the tiny model (a link, its record another seed's), the world (a link) and materialize (no record)
     assert r.stdout.count("reusing") == 3 and not (out / "eval").exists()
