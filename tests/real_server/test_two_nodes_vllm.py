@@ -205,14 +205,17 @@ def test_two_nodes_serve_behind_rank_0s_router_and_a_killed_node_is_evicted(sft_
         assert rec[0]["rollout/requests_server0"] > 0 and rec[0]["rollout/requests_server1"] > 0  # both served step 1
         # node 1 served until it was killed ...
         assert rec[-1]["rollout/requests_server1"] == 0 and rec[-1]["rollout/requests_server0"] > 0  # ... then no more
+        # node 0's server answered every request the router counted for it, as its own log has them
+        assert _served(out, 0, "/inference/v1/generate") == sum(m["rollout/requests_server0"] for m in rec)
         assert _served(out, 0, "/update_weight_version") == 1 + len(rec)  # node 0's server got every version ...
         assert _served(out, 1, "/update_weight_version") == 2  # ... node 1's the first two, before it was killed
         assert sorted(published) == [0, 1] and all(len(r["urls"]) == len(r["pids"]) == 1 for r in published.values())
         assert urls[0] != urls[1]
         assert "node 1 (" in err1 and f"serves {urls[1]} (rollout.layout)" in err1
-        # the first weight group: the gloo trainer and the worker of each node's server
+        # the weight group: first the gloo trainer and the worker of each node's server, then re-formed without node 1
         group = [ln for ln in err0.splitlines() if "weight group" in ln and " ranks " in ln]
-        assert group and "3 ranks (trainer + 1+1 workers)" in group[0] and group[0].endswith("over gloo"), group
+        assert len(group) == 2 and all(ln.endswith("over gloo") for ln in group), group
+        assert "3 ranks (trainer + 1+1 workers)" in group[0] and "2 ranks (trainer + 1 workers)" in group[1], group
         assert (out / "final/config.json").is_file()
         run.assert_nothing_left()
         assert not list(run.folder.glob("node*.json"))  # each node withdrew its server
