@@ -29,13 +29,17 @@ EPISODE = contextvars.ContextVar("episode", default=None)
 
 
 class Recording(ScriptedEngine):
-    """A scripted engine that records which episode (the test's context variable) sent each request."""
+    """A scripted engine that records which episode (the test's context variable) sent each request. With a
+    ``gate`` (an asyncio.Event), every request waits for it before it is answered."""
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a, gate=None, **kw):
         super().__init__(*a, **kw)
         self.episodes: list[tuple[str, bool]] = []
+        self.gate = gate
 
     async def generate(self, input_ids, images, params):
+        if self.gate is not None:
+            await self.gate.wait()
         out = await super().generate(input_ids, images, params)
         self.episodes.append((EPISODE.get(), self.calls[-1]["sub"]))
         return out
@@ -49,7 +53,11 @@ def test_every_turn_and_sub_agent_of_an_episode_stays_on_one_server(tiny, world)
     def script(_turn: int, prompt: str) -> str:  # per request: by the tool responses the prompt holds so far
         return turns[{0: 0, 2: 1}.get(prompt.count("</tool_response>"), 2)]
 
-    engines = [Recording(proc.tokenizer, script, delay_s=0.02) for _ in range(3)]
+    # No request is answered until all nine episodes have sent their first one: each episode's server is then
+    # chosen with the earlier episodes' first requests still outstanding, however slowly this machine prepares an
+    # episode (otherwise an episode whose first request was already answered no longer counts as load).
+    gate = asyncio.Event()  # bound to the loop that first waits on it (asyncio.run's below)
+    engines = [Recording(proc.tokenizer, script, delay_s=0.02, gate=gate) for _ in range(3)]
     pool = EnginePool(engines)
 
     async def one(i: int):
@@ -58,7 +66,11 @@ def test_every_turn_and_sub_agent_of_an_episode_stays_on_one_server(tiny, world)
                                  EpisodeConfig(max_new_tokens=256, max_turns=3), k=4, seed=i)
 
     async def go():
-        return await asyncio.gather(*(asyncio.create_task(one(i)) for i in range(9)))
+        tasks = [asyncio.create_task(one(i)) for i in range(9)]
+        while sum(pool.outstanding) < 9 and not any(t.done() for t in tasks):
+            await asyncio.sleep(0.005)
+        gate.set()
+        return await asyncio.gather(*tasks)
     trajs = asyncio.run(go())
     assert all(t.end_reason == "answer" and len(t.subagents) == 3 for t in trajs), [t.end_reason for t in trajs]
     where: dict[str, set[int]] = {}
