@@ -35,8 +35,12 @@ fi
 trap 'rmdir "$CG" 2>/dev/null || true' EXIT
 echo "at_speed.sh: this machine reads $SPEED GFLOP/s; running at $SHARE of its $CPUS CPUs' time (~$TARGET GFLOP/s): cgroup $CG, quota $QUOTA us per $PERIOD us" >&2
 # the command runs only once it is in the cgroup (read back from /proc/self/cgroup): an unthrottled run would be
-# reported as one at TARGET
-rc=0; bash -c 'echo $$ > "$1/cgroup.procs" && grep -q "/$2\$" /proc/self/cgroup \
-  || { echo "at_speed.sh: could not move the command into $1" >&2; exit 2; }; shift 2; exec "$@"' _ "$CG" "$NAME" "$@" || rc=$?
+# reported as one at TARGET. A refused move is tried again (5 tries, 0.2 s apart): a v1 controller with RT group
+# scheduling was seen to refuse one (EINVAL) on a busy machine and take the next.
+rc=0; bash -c 'for try in 1 2 3 4 5; do
+    { echo $$ > "$1/cgroup.procs"; } 2>/dev/null && grep -q "/$2\$" /proc/self/cgroup && break
+    [[ $try == 5 ]] && { echo "at_speed.sh: could not move the command into $1 (5 tries)" >&2; exit 2; }
+    sleep 0.2
+  done; shift 2; exec "$@"' _ "$CG" "$NAME" "$@" || rc=$?
 for p in $(cat "$CG/cgroup.procs" 2>/dev/null); do kill "$p" 2>/dev/null || true; done  # nothing left behind in it
 exit "$rc"
