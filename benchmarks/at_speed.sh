@@ -38,8 +38,11 @@ echo "at_speed.sh: this machine reads $SPEED GFLOP/s; running at $SHARE of its $
 # reported as one at TARGET. A refused move is tried again (5 tries, 0.2 s apart): a v1 controller with RT group
 # scheduling was seen to refuse one (EINVAL) on a busy machine and take the next.
 rc=0; bash -c 'for try in 1 2 3 4 5; do
-    { echo $$ > "$1/cgroup.procs"; } 2>/dev/null && grep -q "/$2\$" /proc/self/cgroup && break
-    [[ $try == 5 ]] && { echo "at_speed.sh: could not move the command into $1 (5 tries)" >&2; exit 2; }
+    err=$( { echo $$ > "$1/cgroup.procs"; } 2>&1 ) && grep -q "/$2\$" /proc/self/cgroup && break
+    if [[ $try == 5 ]]; then
+      pol=$(awk "/^policy|^prio/ {printf \"%s=%s \", \$1, \$3}" /proc/$$/sched 2>/dev/null)
+      echo "at_speed.sh: could not move the command into $1 (5 tries; ${err##*: }; ${pol:-policy unknown})" >&2; exit 2
+    fi
     sleep 0.2
   done; shift 2; exec "$@"' _ "$CG" "$NAME" "$@" || rc=$?
 for p in $(cat "$CG/cgroup.procs" 2>/dev/null); do kill "$p" 2>/dev/null || true; done  # nothing left behind in it

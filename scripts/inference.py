@@ -41,7 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     from paravt.core.video_reader import VideoError  # noqa: PLC0415
-    from paravt.models.loading import load_processor  # noqa: PLC0415
 
     def fail(msg: str) -> int:  # the user's input: one line, exit 2
         print(f"inference.py: {msg}", file=sys.stderr)
@@ -59,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         info = probe(a.video)
     except (VideoError, OSError) as exc:
         return fail(f"--video {a.video}: {' '.join(str(exc).split())}")
+    from paravt.models.loading import load_processor  # noqa: PLC0415 - torch and transformers: after the checks
+
     t0 = time.perf_counter()
     handle = build_engine("remote" if a.server else "hf", a.model, url=a.server)
     engine = handle.engine

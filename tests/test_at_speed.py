@@ -50,9 +50,26 @@ def _cpu_controller() -> Path | None:
     return None
 
 
+def _kernel_refuses_a_move(base: Path) -> str | None:
+    """Why the kernel refuses to move a child of this process into a new cgroup under ``base`` (None: it accepts).
+    A v1 controller with RT group scheduling was seen to refuse such moves (EINVAL) for a while on a busy machine;
+    at_speed.sh then fails with one line and exit 2, as it should, and there is nothing of the script to test."""
+    probe = base / f"paravt_probe_{os.getpid()}"
+    probe.mkdir()
+    try:
+        r = subprocess.run(["bash", "-c", 'echo $$ > "$1/cgroup.procs" && grep -q "/$2$" /proc/self/cgroup',
+                            "_", str(probe), probe.name], capture_output=True, text=True, timeout=30)
+        return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["not moved"])[-1]
+    finally:
+        probe.rmdir()
+
+
 @pytest.mark.skipif(_cpu_controller() is None, reason="no writable cgroup CPU controller on this machine")
 def test_the_command_runs_in_a_cgroup_with_the_scaled_quota_removed_after():
     base = _cpu_controller()
+    why = _kernel_refuses_a_move(base)
+    if why is not None:
+        pytest.skip(f"the kernel refuses to move a child of this process into a new cgroup: {why}")
     cpus = int(subprocess.run(["nproc"], capture_output=True, text=True,
                               env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}).stdout)
     r = at_speed("100", "bash", "-c", "cat /proc/self/cgroup; exit 3", machine="400")
