@@ -156,6 +156,11 @@ def _on_grid(c, s, start: int, tb, rate, n: int, window: int = 64, reorder: int 
             x = float((p - start) * tb) * float(rate)
             if abs(x - round(x)) / float(rate) > tol:
                 return False
+        if frac and len(got) < window and len(got) - reorder < 2:
+            # a window after a seek that reached the end of the data with too few packets to tell: a file cut
+            # after a reference frame ends without the B-frames shown before it, a gap that is not a dropped
+            # frame (judged one, the file read as a shorter variable-rate video and its cut went unnoticed)
+            continue
         got = sorted(got)[: max(2, len(got) - reorder)]  # packets come in decode order: B-frames arrive late
         steps = [round(float((b - a) * tb) * float(rate)) for a, b in zip(got, got[1:])]
         if any(d != 1 for d in steps):  # a missing frame (a gap of two or more on the grid)

@@ -5,6 +5,8 @@ sampled frame is read back and its true time compared with the time asked for an
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -76,17 +78,32 @@ def test_every_form_reads_with_the_time_bound(files, name):
     _check(crop, times, V.uniform_times(1.0, 4.0, 12))
 
 
+def _cuts_after_reference_frames(path: Path, data: bytes, n: int) -> list[int]:
+    """Byte offsets at the ends of the first ``n`` packets past 40% of the file that are shown after the packet
+    that follows them in the file (reference frames whose B-frames come next): cut there, the file ends without
+    frames shown before its last one."""
+    import av
+
+    with av.open(str(path)) as c:
+        pk = [(p.pts, p.pos, p.size) for p in c.demux(c.streams.video[0]) if p.pts is not None and p.size]
+    return [pos + size for (pts, pos, size), (nxt, _, _) in zip(pk, pk[1:])
+            if pos > 0.4 * len(data) and nxt < pts][:n]
+
+
 def test_a_file_cut_mid_gop_reads_before_the_cut_and_names_the_file_after(tmp_path):
+    """A file cut mid-GOP (at 55% of its bytes, and right after each of four reference frames whose B-frames are
+    then missing) reads before the cut; a frame after it is an error naming the file, never a shorter video."""
     times = [i / 24 for i in range(240)]
     path = write_timed_video(tmp_path / "whole.mkv", times, options={"g": "48"})
-    cut = tmp_path / "cut.mkv"
     data = path.read_bytes()
-    cut.write_bytes(data[: int(len(data) * 0.55)])  # mid-GOP, somewhere after 4 s
-    V.READERS.clear()
-    early = V.sample_crop(str(cut), 0.5, 2.5, fps=2.0, min_pixels=64 * 64, max_pixels=200 * 200)
-    _check(early, times, V.uniform_times(0.5, 2.5, 4))
-    with pytest.raises(V.VideoError, match="cut.mkv"):
-        V.sample_overview(str(cut), 16, min_pixels=64 * 64, max_pixels=200 * 200)
+    for k, n in enumerate([int(len(data) * 0.55), *_cuts_after_reference_frames(path, data, 4)]):
+        cut = tmp_path / f"cut{k}.mkv"
+        cut.write_bytes(data[:n])  # somewhere after 4 s
+        V.READERS.clear()
+        early = V.sample_crop(str(cut), 0.5, 2.5, fps=2.0, min_pixels=64 * 64, max_pixels=200 * 200)
+        _check(early, times, V.uniform_times(0.5, 2.5, 4))
+        with pytest.raises(V.VideoError, match=f"cut{k}.mkv"):
+            V.sample_overview(str(cut), 16, min_pixels=64 * 64, max_pixels=200 * 200)
 
 
 def test_variable_rate_timestamps_beat_decord(files):
