@@ -35,8 +35,9 @@ fi
 trap 'rmdir "$CG" 2>/dev/null || true' EXIT
 echo "at_speed.sh: this machine reads $SPEED GFLOP/s; running at $SHARE of its $CPUS CPUs' time (~$TARGET GFLOP/s): cgroup $CG, quota $QUOTA us per $PERIOD us" >&2
 # the command runs only once it is in the cgroup (read back from /proc/self/cgroup): an unthrottled run would be
-# reported as one at TARGET. A refused move is tried again (5 tries, 0.2 s apart): a v1 controller with RT group
-# scheduling was seen to refuse one (EINVAL) on a busy machine and take the next.
+# reported as one at TARGET. A refused move is tried again (5 tries, 0.2 s apart), then named with the kernel's
+# error and the process's scheduling policy: a v1 controller with RT group scheduling was seen to refuse such moves
+# (EINVAL) for a while on a busy machine.
 rc=0; bash -c 'for try in 1 2 3 4 5; do
     err=$( { echo $$ > "$1/cgroup.procs"; } 2>&1 ) && grep -q "/$2\$" /proc/self/cgroup && break
     if [[ $try == 5 ]]; then
