@@ -157,10 +157,8 @@ def _on_grid(c, s, start: int, tb, rate, n: int, window: int = 64, reorder: int 
             if abs(x - round(x)) / float(rate) > tol:
                 return False
         if frac and len(got) < window and len(got) - reorder < 2:
-            # a window after a seek that reached the end of the data with too few packets to tell: a file cut
-            # after a reference frame ends without the B-frames shown before it, a gap that is not a dropped
-            # frame (judged one, the file read as a shorter variable-rate video and its cut went unnoticed)
-            continue
+            # the end of the data, too few packets to tell: a file cut after a reference frame lacks the B-frames
+            continue  # shown before it, a gap that is no dropped frame (else read as a shorter variable-rate video)
         got = sorted(got)[: max(2, len(got) - reorder)]  # packets come in decode order: B-frames arrive late
         steps = [round(float((b - a) * tb) * float(rate)) for a, b in zip(got, got[1:])]
         if any(d != 1 for d in steps):  # a missing frame (a gap of two or more on the grid)
