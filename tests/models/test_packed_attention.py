@@ -72,3 +72,45 @@ def test_padded_batches_and_single_sequences_are_plain_sdpa(models, tiny, world)
     assert torch.allclose(_logits(varlen, padded)[mask], _logits(plain, padded)[mask], atol=1e-5, rtol=1e-4)
     one = collate_padded(exs[:1], proc, proc.tokenizer.pad_token_id, itid)
     assert torch.allclose(_logits(varlen, one), _logits(plain, one), atol=1e-5, rtol=1e-4)
+
+
+def _graph_nodes(t: torch.Tensor) -> list[str]:
+    names, stack, seen = [], [t.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.append(type(fn).__name__)
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return names
+
+
+def test_a_packed_row_splits_once_per_tensor_and_its_gradients_equal_slicing_each_sequence():
+    """A packed row is cut into its sequences by one split per q/k/v (whose backward is one concatenation),
+    not a slice per sequence (whose backward writes a zero tensor of the whole row for each): the same
+    output and bit-for-bit the same gradients as attending over slices of each sequence."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from paravt.models.packed_attention import BOUNDS_KWARG, varlen_attention_forward
+
+    module = torch.nn.Module()
+    module.config, module.is_causal, module.num_key_value_groups = SimpleNamespace(_attn_implementation=NAME), True, 2
+    bounds = (0, 5, 12, 13, 20, 31)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 31, 8, generator=g, requires_grad=True) for h in (4, 2, 2))
+    out, _ = varlen_attention_forward(module, q, k, v, None, **{BOUNDS_KWARG: bounds})
+    weights = torch.randn(out.shape, generator=g)
+    (out * weights).sum().backward()
+    nodes = _graph_nodes(out)
+    assert "SliceBackward0" not in nodes and nodes.count("SplitWithSizesBackward0") == 3
+
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    ref = torch.cat([sdpa_attention_forward(module, q2[:, :, s:e], k2[:, :, s:e], v2[:, :, s:e], None,
+                                            is_causal=True)[0] for s, e in zip(bounds, bounds[1:])], dim=1)
+    (ref * weights).sum().backward()
+    assert torch.equal(out, ref)
+    for got, want in ((q, q2), (k, k2), (v, v2)):
+        assert torch.equal(got.grad, want.grad)
