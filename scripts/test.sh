@@ -43,5 +43,11 @@ fi
 WORKERS="${PARAVT_TEST_WORKERS:-$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) >= 2 ? 2 : 1 ))}"
 [[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || { echo "test.sh: PARAVT_TEST_WORKERS must be a count >= 1, got '$WORKERS'" >&2; exit 2; }
 XDIST=()
-if (( WORKERS > 1 )) && ! printf '%s\n' "$@" | grep -qE '^(-m|--markers?)'; then XDIST=(-n "$WORKERS" --dist loadscope); fi
+if (( WORKERS > 1 )) && ! printf '%s\n' "$@" | grep -qE '^(-m|--markers?)'; then
+  XDIST=(-n "$WORKERS" --dist loadscope)
+  # One OpenMP thread per process (unless set): with a worker per core, a second thread of a worker or of a
+  # process it starts waits for a core the other worker holds and spins at every barrier (the suite on 2 cores:
+  # 460 CPU-s in 287 s instead of 532 in 315; docs/RESULTS.md). CI sets the same for every group.
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
+fi
 exec .venv-cpu/bin/python -m pytest "${XDIST[@]}" "$@"
