@@ -1,3 +1,11 @@
 """ParaVT: parallel video tool calling with PARA-GRPO (a reproduction of arXiv 2605.20342)."""
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# The same numbers from run to run on CPU: torch's CPU BLAS (MKL) in its conditional numerical reproducibility
+# mode, set before any paravt process first calls MKL (MKL reads it once). Without it, a tiny SFT run on two
+# OpenMP threads ended in one of two different results from its second step on (docs/RESULTS.md); with it,
+# every run gave the same losses bit for bit, at the same speed. MKL_CBWR set by the user wins.
+_os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
