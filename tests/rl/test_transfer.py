@@ -152,32 +152,33 @@ def test_sources_are_checked(clip, tmp_path):
         decode([other])
 
 
-def _rank(rank: int, port: int, clip: str, tiny_dir: str, out: str, hidden: bool) -> None:
-    """One of two gloo ranks: rank 0 sends an 8-frame sample, rank 1 receives it (``hidden``: as a rank that
-    cannot read the video) and decodes it; each writes the tensors its own processor makes of it."""
+def _rank(rank: int, port: int, clip: str, tiny_dir: str, out: str) -> None:
+    """One of two gloo ranks: rank 0 sends an 8-frame sample twice, rank 1 receives it, the second time as a
+    rank that cannot read the video, and decodes it; each writes the tensors its own processor makes of it."""
     from paravt.rl import transfer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         proc = load_processor(tiny_dir)
-        batch = _batch([_overview_sample(proc, clip, 8)]) if rank == 0 else None
-        if rank == 1 and hidden:
-            transfer.missing_files = lambda sources: ["(not on this node)"]
-        samples, index, _ = transfer.broadcast_step(batch, None, 2)
-        pv, grid = samples[0].images.tensors(proc)
-        torch.save({"pv": pv, "grid": grid, "ids": samples[0].input_ids, "index": index,
-                    "sources": len(samples[0].images.sources())}, f"{out}/{rank}.pt")
+        for hidden in (False, True):  # one pair of processes for both cases: each start imports torch again
+            batch = _batch([_overview_sample(proc, clip, 8)]) if rank == 0 else None
+            if rank == 1 and hidden:
+                transfer.missing_files = lambda sources: ["(not on this node)"]
+            samples, index, _ = transfer.broadcast_step(batch, None, 2)
+            pv, grid = samples[0].images.tensors(proc)
+            torch.save({"pv": pv, "grid": grid, "ids": samples[0].input_ids, "index": index,
+                        "sources": len(samples[0].images.sources())}, f"{out}/{rank}_{hidden}.pt")
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("hidden", [False, True])
-def test_two_gloo_ranks(tiny_dir, clip, tmp_path, hidden):
+def test_two_gloo_ranks_get_the_same_sample_from_its_sources_or_its_frames(tiny_dir, clip, tmp_path):
     from paravt.models.parallel import free_port
 
-    mp.spawn(_rank, args=(free_port(), clip, str(tiny_dir), str(tmp_path), hidden), nprocs=2)
-    r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in (0, 1))
-    assert r1["ids"] == r0["ids"] and r1["index"] == r0["index"] == 0
-    assert torch.equal(r1["grid"], r0["grid"]) and torch.equal(r1["pv"], r0["pv"])
-    assert r1["sources"] == (0 if hidden else 8)  # the frames' sources, or (a rank without the video) the frames
+    mp.spawn(_rank, args=(free_port(), clip, str(tiny_dir), str(tmp_path)), nprocs=2)
+    for hidden in (False, True):
+        r0, r1 = (torch.load(tmp_path / f"{r}_{hidden}.pt", weights_only=False) for r in (0, 1))
+        assert r1["ids"] == r0["ids"] and r1["index"] == r0["index"] == 0
+        assert torch.equal(r1["grid"], r0["grid"]) and torch.equal(r1["pv"], r0["pv"])
+        assert r1["sources"] == (0 if hidden else 8)  # the frames' sources, or (a rank without the video) the frames

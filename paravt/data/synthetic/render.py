@@ -46,7 +46,11 @@ def write_video(spec: VideoSpec, path: Path) -> None:
         stream = container.add_stream("libx264", rate=spec.fps)
         stream.width = stream.height = spec.size
         stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "12", "preset": "veryfast", "threads": "1", "bframes": "0"}
+        # x264's C code, not its assembly: with the assembly the same frames encoded to different bytes, and
+        # different decoded pixels, from run to run (one clip of the quickstart's 160 in a world build; that clip
+        # gave 3 different files in 20 encodes), so two builds of one world differed. asm=0: the same bytes
+        # every time; the encode is ~2x slower, seconds for a world of 64x64 clips.
+        stream.options = {"crf": "12", "preset": "veryfast", "threads": "1", "bframes": "0", "x264-params": "asm=0"}
         stream.codec_context.thread_count = 1
         for i in range(spec.num_frames):
             frame = av.VideoFrame.from_ndarray(render_frame(spec, i / spec.fps), format="rgb24")
