@@ -46,10 +46,10 @@ def write_video(spec: VideoSpec, path: Path) -> None:
         stream = container.add_stream("libx264", rate=spec.fps)
         stream.width = stream.height = spec.size
         stream.pix_fmt = "yuv420p"
-        # x264's C code, not its assembly: with the assembly the same frames encoded to different bytes, and
-        # different decoded pixels, from run to run (one clip of the quickstart's 160 in a world build; that clip
-        # gave 3 different files in 20 encodes), so two builds of one world differed. asm=0: the same bytes
-        # every time; the encode is ~2x slower, seconds for a world of 64x64 clips.
+        # x264's C code, not its assembly: its AVX-512 code encoded the same frames to different bytes, and
+        # different decoded pixels, from run to run (one clip of the quickstart's 160 in a world build; that
+        # clip gave 3 different files in 20 encodes; its AVX2 code did not), and a CPU with other vector units
+        # takes other code. asm=0: one code path whatever the CPU, the same bytes on every run; ~2x slower (seconds).
         stream.options = {"crf": "12", "preset": "veryfast", "threads": "1", "bframes": "0", "x264-params": "asm=0"}
         stream.codec_context.thread_count = 1
         for i in range(spec.num_frames):
