@@ -27,6 +27,7 @@ from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 
 from paravt.core.seeding import stable_hash
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
+from paravt.engines.kv_cache import ReservedCache
 from paravt.models.images import ImageInputs
 from paravt.models.tokenize import vision_token_ids
 
@@ -256,9 +257,11 @@ class HFEngine(InferenceEngine):
         gen_cfg = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=self.eos_ids,
                                    pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True)
         with self._lock, torch.no_grad():
+            # room for the whole generation reserved at the prefill: no copy of the cache per token (kv_cache.py)
+            cache = ReservedCache(self.model.config.get_text_config().num_hidden_layers, reserve=max_new)
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
                                       generation_config=gen_cfg, logits_processor=[_RowSampler(reqs, self.banned_ids, L)],
-                                      stopping_criteria=[stopper], **kwargs)
+                                      stopping_criteria=[stopper], past_key_values=cache, **kwargs)
         seqs = out.sequences[:, L:].cpu()
         logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else torch.zeros(B, 0, 1)
         dt = time.perf_counter() - t0
