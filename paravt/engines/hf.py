@@ -29,6 +29,7 @@ from paravt.core.seeding import stable_hash
 from paravt.engines.base import EngineError, GenerationOutput, InferenceEngine, SamplingParams
 from paravt.engines.kv_cache import ReservedCache
 from paravt.models.images import ImageInputs
+from paravt.models.packed_attention import left_padded
 from paravt.models.tokenize import vision_token_ids
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,8 @@ class HFEngine(InferenceEngine):
         stopper = _RowStop(reqs, L, self.tokenizer)
         gen_cfg = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=self.eos_ids,
                                    pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True)
-        with self._lock, torch.no_grad():
+        # the prefill attends row by row over each prompt's own tokens, no (B, 1, L, L) mask (packed_attention.py)
+        with self._lock, torch.no_grad(), left_padded([L - len(r.input_ids) for r in reqs]):
             # room for the whole generation reserved at the prefill: no copy of the cache per token (kv_cache.py)
             cache = ReservedCache(self.model.config.get_text_config().num_hidden_layers, reserve=max_new)
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),

@@ -74,6 +74,44 @@ def test_padded_batches_and_single_sequences_are_plain_sdpa(models, tiny, world)
     assert torch.allclose(_logits(varlen, one), _logits(plain, one), atol=1e-5, rtol=1e-4)
 
 
+def test_a_left_padded_prefill_attends_row_by_row_without_a_mask(models, tiny, world, monkeypatch):
+    """Under left_padded() (the in-process engine's prefill): each row's causal attention over its own tokens, one
+    call per row and text layer, no mask; the logits at every real token are plain SDPA's with its (B, 1, L, L) mask."""
+    from paravt.models.packed_attention import left_padded
+
+    plain, varlen = models
+    _, proc = tiny
+    rows = load_sft_rows([world / "local" / "paravt_sft_synth.parquet"])[0]
+    b = ExampleBuilder(proc, VideoSamplingConfig(), 8192)
+    exs = [b(r) for r in rows[:3]]
+    lengths = [len(e) for e in exs]
+    assert len(set(lengths)) == 3
+    batch = collate_padded(exs, proc, proc.tokenizer.pad_token_id, varlen.config.image_token_id)
+    L = max(lengths)
+    pads = [L - n for n in lengths]
+    for key in ("input_ids", "attention_mask", "mm_token_type_ids", "labels"):  # right padding -> left padding
+        batch[key] = torch.stack([row.roll(p) for row, p in zip(batch[key], pads)])
+    mask = batch["attention_mask"].bool()
+    assert not mask[:, -1].logical_not().any() and pads[lengths.index(L)] == 0
+
+    import transformers.integrations.sdpa_attention as sdpa_mod
+    seen, real = [], sdpa_mod.sdpa_attention_forward
+
+    def spy(module, query, key, value, attention_mask, *a, **k):
+        seen.append((query.shape[0], query.shape[2], attention_mask is None))
+        return real(module, query, key, value, attention_mask, *a, **k)
+    monkeypatch.setattr(sdpa_mod, "sdpa_attention_forward", spy)
+    with left_padded(pads):
+        got = _logits(varlen, batch)
+    text = [s for s in seen if s[1] in lengths]
+    assert sorted(text) == sorted((1, n, True) for n in lengths for _ in range(varlen.config.text_config.num_hidden_layers))
+    assert not any(s[1] == L and s[0] == len(exs) for s in seen)  # never the padded batch as a whole
+    monkeypatch.setattr(sdpa_mod, "sdpa_attention_forward", real)
+    want = _logits(plain, batch)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got[mask], want[mask], atol=1e-5, rtol=1e-4)
+
+
 def _graph_nodes(t: torch.Tensor) -> list[str]:
     names, stack, seen = [], [t.grad_fn], set()
     while stack:
