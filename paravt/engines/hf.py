@@ -86,27 +86,36 @@ class _RowSampler(LogitsProcessor):
 
 
 class _RowStop(StoppingCriteria):
-    """Per-row stop: its own max_new_tokens, stop token ids and stop strings."""
+    """Per-row stop: its own max_new_tokens, stop token ids (``eos`` too) and stop strings. ``prompt_len``: where
+    the generated tokens start in ``input_ids`` (a continued call's ids hold the earlier calls' tokens after it).
+    ``shrink_at``: when this many rows or fewer are still running (and at least one), every row stops at once
+    and :attr:`shrunk` is set: the engine continues the running rows as a smaller batch."""
 
-    def __init__(self, reqs: list[_Request], prompt_len: int, tokenizer):
-        self.reqs, self.prompt_len, self.tok = reqs, prompt_len, tokenizer
+    def __init__(self, reqs: list[_Request], prompt_len: int, tokenizer, eos: list[int] = (), shrink_at: int = 0):
+        self.reqs, self.prompt_len, self.tok, self.eos = reqs, prompt_len, tokenizer, set(eos)
         self.done_at: list[int | None] = [None] * len(reqs)
+        self.shrink_at, self.shrunk = shrink_at, False
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         n = input_ids.shape[1] - self.prompt_len
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        last = input_ids[:, -1].tolist()
         for i, r in enumerate(self.reqs):
             if self.done_at[i] is not None:
                 done[i] = True
                 continue
             p = r.params
-            stop = n >= p.max_new_tokens or (p.stop_token_ids and int(input_ids[i, -1]) in p.stop_token_ids)
+            stop = n >= p.max_new_tokens or last[i] in self.eos or (p.stop_token_ids and last[i] in p.stop_token_ids)
             if not stop and p.stop:
                 tail = self.tok.decode(input_ids[i, max(self.prompt_len, input_ids.shape[1] - 16):])
                 stop = any(s in tail for s in p.stop)
             if stop:
                 self.done_at[i] = n
                 done[i] = True
+        running = len(self.reqs) - int(done.sum())
+        if 0 < running <= self.shrink_at:
+            self.shrunk = True
+            done[:] = True
         return done
 
 
@@ -114,8 +123,9 @@ class HFEngine(InferenceEngine):
     """In-process transformers engine with batching of concurrent requests."""
 
     def __init__(self, model, processor, max_batch_size: int = 32, batch_wait_s: float = 0.03,
-                 max_batch_wait_s: float = 0.15, seed: int = 0):
+                 max_batch_wait_s: float = 0.15, seed: int = 0, shrink: bool = True):
         self.model = model.eval()
+        self.shrink = shrink  # continue a batch's running rows alone once half of them have stopped (_generate)
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.max_batch_size = max_batch_size
@@ -136,7 +146,8 @@ class HFEngine(InferenceEngine):
         self._queue: asyncio.Queue | None = None
         self._worker: asyncio.Task | None = None
         self._n_requests = 0
-        self.stats = {"batches": 0, "requests": 0, "batch_sizes": [], "generated_tokens": 0, "gen_seconds": 0.0}
+        self.stats = {"batches": 0, "requests": 0, "batch_sizes": [], "generated_tokens": 0, "gen_seconds": 0.0,
+                      "continued_rows": 0}
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str = "float32", attn_implementation: str | None = None,
@@ -224,6 +235,67 @@ class HFEngine(InferenceEngine):
             return [self._run_safely([r])[0] for r in batch]
 
     # ------------------------------------------------------------------ one batch
+    def _generate(self, reqs: list[_Request], ids: torch.Tensor, attn: torch.Tensor, vision: dict[str, Any]
+                  ) -> tuple[list[int | None], list[list[int]], list[torch.Tensor]]:
+        """``generate`` over the left-padded batch: per row, where it stopped (generated tokens, None: it ran to
+        the batch's end), its generated tokens and its raw logits (fp32, host).
+
+        A batch runs as long as its longest row, and the rows that stopped are still computed at every step
+        (transformers' generate keeps them, padded). Once half of the rows or more have stopped
+        (``shrink``), the call ends and the rows still running continue as a smaller batch: the cache keeps
+        only their rows and generate picks up from it at their next token, with their own samplers'
+        generators (the same random stream) and their stop rules counted from the first generated token. A
+        row's numbers then come from a smaller batch's kernels (the last float bits can move, as with any
+        other batch); the eval's answers were the same (benchmarks/README.md)."""
+        L, B = ids.shape[1], len(reqs)
+        row_logits: list[list[torch.Tensor]] = [[] for _ in reqs]
+        toks: list[list[int]] = [[] for _ in reqs]
+        done_at: list[int | None] = [None] * B
+        rows = list(range(B))  # the rows of reqs in this call, in batch order
+        mm = (ids == self.image_token_id).long()
+        # the prefill attends row by row over each prompt's own tokens, no (B, 1, L, L) mask (packed_attention.py)
+        with self._lock, torch.no_grad(), left_padded([L - int(a.sum()) for a in attn]):
+            # room for the whole generation reserved at the prefill: no copy of the cache per token (kv_cache.py)
+            max_new = max(r.params.max_new_tokens for r in reqs)
+            cache = ReservedCache(self.model.config.get_text_config().num_hidden_layers, reserve=max_new)
+            while rows:
+                sub = [reqs[i] for i in rows]
+                made = ids.shape[1] - L  # tokens generated by earlier calls (every row of this call has them)
+                stopper = _RowStop(sub, L, self.tokenizer, self.eos_ids,
+                                   shrink_at=len(rows) // 2 if self.shrink and len(rows) > 1 else 0)
+                gen_cfg = GenerationConfig(max_new_tokens=max(r.params.max_new_tokens for r in sub) - made,
+                                           do_sample=False, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+                                           output_logits=True, return_dict_in_generate=True)
+                out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=gen_cfg,
+                                          logits_processor=[_RowSampler(sub, self.banned_ids, L)],
+                                          stopping_criteria=[stopper], past_key_values=cache, mm_token_type_ids=mm,
+                                          **vision)
+                new = out.sequences[:, ids.shape[1]:].cpu()
+                step_logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else None
+                keep = []
+                for j, i in enumerate(rows):
+                    toks[i].extend(new[j].tolist())
+                    if step_logits is not None:
+                        row_logits[i].append(step_logits[j])
+                    if stopper.done_at[j] is not None:
+                        done_at[i] = stopper.done_at[j]
+                    elif stopper.shrunk and len(toks[i]) < reqs[i].params.max_new_tokens:
+                        keep.append(j)
+                if not keep:
+                    break
+                self.stats["continued_rows"] += len(keep)
+                k = torch.tensor(keep, device=ids.device)
+                cache.batch_select_indices(k)
+                inner = getattr(self.model, "model", None)  # Qwen-VL models keep their batch's M-RoPE offsets
+                if isinstance(getattr(inner, "rope_deltas", None), torch.Tensor) and inner.rope_deltas.shape[0] == len(rows):
+                    inner.rope_deltas = inner.rope_deltas[k]
+                ids = out.sequences[k]
+                attn = torch.cat([attn, attn.new_ones(len(rows), ids.shape[1] - attn.shape[1])], dim=1)[k]
+                mm = torch.cat([mm, mm.new_zeros(len(rows), ids.shape[1] - mm.shape[1])], dim=1)[k]
+                rows, vision = [rows[j] for j in keep], {}
+        logits = [torch.cat(parts) if parts else torch.zeros(0, 1) for parts in row_logits]
+        return done_at, toks, logits
+
     def _run_batch(self, reqs: list[_Request]) -> list[GenerationOutput]:
         t0 = time.perf_counter()
         merge = int(self.processor.image_processor.merge_size) ** 2
@@ -252,37 +324,25 @@ class HFEngine(InferenceEngine):
         if pixel_values:
             kwargs["pixel_values"] = torch.cat(pixel_values).to(self.device, dtype=next(self.model.parameters()).dtype)
             kwargs["image_grid_thw"] = torch.cat(grids).to(self.device)
-        kwargs["mm_token_type_ids"] = (ids == self.image_token_id).long().to(self.device)
-        max_new = max(r.params.max_new_tokens for r in reqs)
-        stopper = _RowStop(reqs, L, self.tokenizer)
-        gen_cfg = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=self.eos_ids,
-                                   pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True)
-        # the prefill attends row by row over each prompt's own tokens, no (B, 1, L, L) mask (packed_attention.py)
-        with self._lock, torch.no_grad(), left_padded([L - len(r.input_ids) for r in reqs]):
-            # room for the whole generation reserved at the prefill: no copy of the cache per token (kv_cache.py)
-            cache = ReservedCache(self.model.config.get_text_config().num_hidden_layers, reserve=max_new)
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
-                                      generation_config=gen_cfg, logits_processor=[_RowSampler(reqs, self.banned_ids, L)],
-                                      stopping_criteria=[stopper], past_key_values=cache, **kwargs)
-        seqs = out.sequences[:, L:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else torch.zeros(B, 0, 1)
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        done_at, seqs, logits = self._generate(reqs, ids, attn, kwargs)
         dt = time.perf_counter() - t0
         results = []
         for i, r in enumerate(reqs):
             toks, finish = [], "length"
-            limit = min(r.params.max_new_tokens, seqs.shape[1])
-            if stopper.done_at[i] is not None:
-                limit = min(limit, stopper.done_at[i])
-            for t in seqs[i, :limit].tolist():
+            limit = min(r.params.max_new_tokens, len(seqs[i]))
+            if done_at[i] is not None:
+                limit = min(limit, done_at[i])
+            for t in seqs[i][:limit]:
                 toks.append(t)
                 if t in self.eos_ids or t in r.params.stop_token_ids:
                     finish = "stop"
                     break
-            if finish == "length" and stopper.done_at[i] is not None and stopper.done_at[i] < r.params.max_new_tokens:
+            if finish == "length" and done_at[i] is not None and done_at[i] < r.params.max_new_tokens:
                 finish = "stop"  # a stop string
             temp = r.params.temperature if r.params.temperature > 0 else 1.0
             if toks:  # the distribution sampled from: vision placeholders excluded, as the trainer scores it
-                lg = logits[i, : len(toks)] / temp
+                lg = logits[i][: len(toks)] / temp
                 if self.banned_ids:
                     lg = lg.clone()
                     lg[:, self.banned_ids] = float("-inf")
