@@ -1,6 +1,7 @@
 """The in-process engine's generation of a batch of long prompts: its reserved KV cache and row-by-row prefill
-(``paravt.engines.kv_cache``, ``paravt.models.packed_attention.left_padded``) against transformers' defaults
-(a ``DynamicCache`` grown by concatenation, the prefill under a (B, 1, L, L) mask).
+(``paravt.engines.kv_cache``, ``paravt.models.packed_attention.left_padded``) and its continuation of the rows
+still running once half have stopped (``HFEngine(shrink=True)``), against transformers' defaults (a
+``DynamicCache`` grown by concatenation, the prefill under a (B, 1, L, L) mask, every row to the longest's end).
 
     python benchmarks/bench_engine_cache.py --model runs/quickstart/sft/final [--out ...]
 
@@ -61,12 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     eng = HFEngine.from_pretrained(args.model)
     vocab = eng.model.config.get_text_config().vocab_size
     eng._run_batch(requests(vocab, 2, 64, 8, 1))  # warm-up
-    times: dict[str, list[float]] = {"engine": [], "transformers_defaults": []}
+    times: dict[str, list[float]] = {"engine": [], "engine_without_shrink": [], "transformers_defaults": []}
     outs: dict[str, list] = {}
     for _ in range(args.repeats):
         for name in times:
             reqs = requests(vocab, args.batch, args.length, args.new_tokens, 0)
-            with transformers_defaults() if name != "engine" else contextlib.nullcontext():
+            eng.shrink = name == "engine"
+            with transformers_defaults() if name == "transformers_defaults" else contextlib.nullcontext():
                 t = time.perf_counter()
                 res = eng._run_batch(reqs)
                 times[name].append(time.perf_counter() - t)
@@ -74,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     same_tokens = [a[0] == b[0] for a, b in zip(outs["engine"], outs["transformers_defaults"])]
     max_lp = max((abs(x - y) for a, b in zip(outs["engine"], outs["transformers_defaults"]) if a[0] == b[0]
                   for x, y in zip(a[1], b[1])), default=0.0)
+    lengths = sorted(len(t) for t, _ in outs["engine"])
     res = {"machine": platform.machine(), "torch": torch.__version__, "threads": 1, "batch": args.batch,
            "longest_prompt": args.length, "new_tokens_max": args.new_tokens,
-           "generated_tokens": sum(len(t) for t, _ in outs["engine"]),
+           "generated_tokens": sum(lengths), "row_lengths": lengths,
            "seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
            "median_s": {k: round(statistics.median(v), 2) for k, v in times.items()},
            "rows_with_the_same_tokens": f"{sum(same_tokens)}/{len(same_tokens)}",

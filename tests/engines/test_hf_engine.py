@@ -188,3 +188,34 @@ def test_greedy_tokens_are_the_same_alone_and_in_a_left_padded_batch(engine, tin
     assert engine.stats["batch_sizes"][-1] == 1
     assert [o.token_ids for o in alone] == [o.token_ids for o in together]
     assert all(len(o.token_ids) > 0 for o in alone)
+
+
+def test_rows_still_running_when_half_have_stopped_continue_alone_with_the_same_tokens(tiny, world):
+    """A batch whose rows stop at different steps (their own max_new_tokens, a stop string, penalties, sampled and
+    greedy): continued as a smaller batch once half have stopped, every row gets the tokens it gets when the
+    whole batch runs to its longest row, and its logprobs within float noise."""
+    model, proc = tiny
+    rows, _ = load_rl_rows([world / "local" / "paravt_rl_synth.parquet"])
+    prompts = [encode_prompt(proc, build_messages("agentic_general", r.question, sample_overview(r.video, k), "v.mp4",
+                                                  60.0, tool_schemas=DATA_TOOL_SCHEMAS), THINK_PREFIX)
+               for r, k in [(rows[0], 4), (rows[1], 8), (rows[2], 2), (rows[3], 4)]]
+    params = [SamplingParams(temperature=0, max_new_tokens=6), SamplingParams(temperature=1.0, max_new_tokens=9, seed=5),
+              SamplingParams(temperature=0.8, max_new_tokens=48, seed=2, frequency_penalty=0.5, stop=["</think>"]),
+              SamplingParams(temperature=0, max_new_tokens=48)]
+
+    def run(shrink):
+        engine = HFEngine(model, proc, batch_wait_s=0.05, shrink=shrink)
+
+        async def batch():
+            return await asyncio.gather(*[engine.generate(ids, imgs, p) for (ids, imgs), p in zip(prompts, params)])
+        outs = asyncio.run(batch())
+        assert engine.stats["batch_sizes"] == [4]
+        return outs, engine.stats["continued_rows"]
+
+    whole, n_whole = run(False)
+    shrunk, n_shrunk = run(True)
+    assert n_whole == 0 and n_shrunk == 2  # rows 0 and 1 stop at 6 and 9 tokens: rows 2 and 3 go on alone
+    assert [len(o.token_ids) for o in whole][:2] == [6, 9] and max(len(o.token_ids) for o in whole) > 9
+    for a, b in zip(whole, shrunk):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
