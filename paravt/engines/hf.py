@@ -254,7 +254,7 @@ class HFEngine(InferenceEngine):
         rows = list(range(B))  # the rows of reqs in this call, in batch order
         mm = (ids == self.image_token_id).long()
         # the prefill attends row by row over each prompt's own tokens, no (B, 1, L, L) mask (packed_attention.py)
-        with self._lock, torch.no_grad(), left_padded([L - int(a.sum()) for a in attn]):
+        with self._lock, torch.no_grad(), left_padded((L - attn.sum(1)).tolist()):
             # room for the whole generation reserved at the prefill: no copy of the cache per token (kv_cache.py)
             max_new = max(r.params.max_new_tokens for r in reqs)
             cache = ReservedCache(self.model.config.get_text_config().num_hidden_layers, reserve=max_new)
@@ -287,12 +287,17 @@ class HFEngine(InferenceEngine):
                 k = torch.tensor(keep, device=ids.device)
                 cache.batch_select_indices(k)
                 inner = getattr(self.model, "model", None)  # Qwen-VL models keep their batch's M-RoPE offsets
-                if isinstance(getattr(inner, "rope_deltas", None), torch.Tensor) and inner.rope_deltas.shape[0] == len(rows):
-                    inner.rope_deltas = inner.rope_deltas[k]
+                deltas = getattr(inner, "rope_deltas", None)
+                if isinstance(deltas, torch.Tensor):
+                    if deltas.shape[0] != len(rows):  # not this batch's: the rows could not be continued right
+                        raise EngineError(f"cannot continue {len(keep)} rows: the model's rope_deltas hold "
+                                          f"{deltas.shape[0]} rows, not the batch's {len(rows)}")
+                    inner.rope_deltas = deltas[k]
                 ids = out.sequences[k]
                 attn = torch.cat([attn, attn.new_ones(len(rows), ids.shape[1] - attn.shape[1])], dim=1)[k]
                 mm = torch.cat([mm, mm.new_zeros(len(rows), ids.shape[1] - mm.shape[1])], dim=1)[k]
                 rows, vision = [rows[j] for j in keep], {}
+                del out, new, step_logits  # the finished call's logits and sequences (on the device)
         logits = [torch.cat(parts) if parts else torch.zeros(0, 1) for parts in row_logits]
         return done_at, toks, logits
 

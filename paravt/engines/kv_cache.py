@@ -1,18 +1,20 @@
 """The in-process engine's KV cache: transformers' ``DynamicCache`` with each layer's keys and values
-written into room reserved for the whole generation, instead of concatenated at every token.
+written into room made ahead, instead of concatenated at every token.
 
 transformers' ``DynamicLayer`` grows by ``torch.cat``: every decoded token copies the whole cache of
 every layer (batch x kv heads x length x head dim, keys and values) into a new tensor, so a batch of long
 video prompts spends as much time copying its cache as attending to it. :class:`ReservedLayer`
-allocates prompt + ``reserve`` positions at the prefill (the engine reserves the batch's
-``max_new_tokens``), writes each step's new states in place and gives attention a view of the filled
-part: the same values in the same layout within each head (only the stride between heads differs), so
-attention computes the same numbers. ``tests/engines/test_hf_engine.py`` compares the engine's tokens
-and logprobs with a ``DynamicCache`` run's, exactly; benchmarks/README.md has the time it saves.
+makes room for the prompt and up to :data:`CHUNK` more positions at the prefill (the engine's ``reserve``
+is the batch's ``max_new_tokens``) and :data:`CHUNK` more whenever it runs out, writes each step's new
+states in place and gives attention a view of the filled part: the same values in the same layout within
+each head (only the stride between heads differs), so attention computes the same numbers.
+``tests/engines/test_kv_cache.py`` compares the engine's tokens and logprobs with a ``DynamicCache`` run's,
+exactly; benchmarks/README.md has the time it saves. ``batch_select_indices`` (the engine keeping a batch's
+running rows) cuts the buffer itself down.
 
-transformers itself may replace a layer's tensors (``crop``, ``batch_select_indices``, beam reordering,
-offloading); the next ``update`` then sees tensors that are not its last view and copies them into new
-room, so every ``Cache`` method keeps working, only without the saving.
+transformers itself may replace a layer's tensors (``crop``, beam reordering, offloading); the next
+``update`` then sees tensors that are not its last view and copies them into new room, so every ``Cache``
+method keeps working, only without the saving.
 """
 
 from __future__ import annotations
@@ -21,15 +23,22 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 
-class ReservedLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose keys and values live in a buffer with room for ``reserve`` more positions
-    than the first update brings; past the room it doubles (never in the engine's own use)."""
+#: Positions of room made at a time: the first write (the prefill) makes room for up to this many more, and
+#: running out makes this many more (one copy of the cache per CHUNK generated tokens instead of one per token).
+#: Room for a whole ``max_new_tokens`` up front would hold every row's worst case (a 2,048-token budget where
+#: rows stop after ~200: ~1.5x the cache a grown one ends with); at most CHUNK positions a row past what is used.
+CHUNK = 256
 
-    def __init__(self, reserve: int = 0):
+
+class ReservedLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys and values live in a buffer with room for more positions than are filled:
+    ``min(reserve, chunk)`` more at the first write, ``chunk`` more each time it runs out."""
+
+    def __init__(self, reserve: int = 0, chunk: int = CHUNK):
         super().__init__()
-        if reserve < 0:
-            raise ValueError(f"reserve must be >= 0, got {reserve}")
-        self.reserve = reserve
+        if reserve < 0 or chunk < 1:
+            raise ValueError(f"reserve must be >= 0 and chunk >= 1, got {reserve} and {chunk}")
+        self.reserve, self.chunk = reserve, chunk
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
         self._n = 0  # positions filled
@@ -49,8 +58,8 @@ class ReservedLayer(DynamicLayer):
 
     def _make_room(self, keys: torch.Tensor, values: torch.Tensor, need: int) -> None:
         """Buffers of at least ``need`` positions shaped like this update's ``keys``/``values`` but in length,
-        holding the positions filled so far."""
-        cap = need + self.reserve if self._kbuf is None else max(need, 2 * self.capacity)
+        holding the positions filled so far (then the old ones are let go)."""
+        cap = need + (min(self.reserve, self.chunk) if self._kbuf is None and not self._n else self.chunk)
         kbuf = keys.new_empty(keys.shape[:-2] + (cap, keys.shape[-1]))
         vbuf = values.new_empty(values.shape[:-2] + (cap, values.shape[-1]))
         if self._n:
@@ -74,10 +83,20 @@ class ReservedLayer(DynamicLayer):
         self.values = self._vview = self._vbuf[..., : self._n, :]
         return self.keys, self.values
 
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices``: the buffer itself is cut down (room included), so the rows let go are freed
+        now and the next write needs no new room."""
+        if self._kbuf is None or self.keys is not self._kview or self.values is not self._vview:
+            super().batch_select_indices(indices)  # tensors transformers put there: its own way, adopted later
+            return
+        self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+        self.keys = self._kview = self._kbuf[..., : self._n, :]
+        self.values = self._vview = self._vbuf[..., : self._n, :]
+
 
 class ReservedCache(DynamicCache):
-    """A ``DynamicCache`` of ``num_layers`` :class:`ReservedLayer` s, each reserving ``reserve`` positions
-    beyond the prompt (generate's ``past_key_values``; one per ``generate`` call)."""
+    """A ``DynamicCache`` of ``num_layers`` :class:`ReservedLayer` s, each with room for up to ``reserve``
+    positions beyond the prompt made at the prefill (generate's ``past_key_values``; one per batch)."""
 
-    def __init__(self, num_layers: int, reserve: int):
-        Cache.__init__(self, layers=[ReservedLayer(reserve) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, reserve: int, chunk: int = CHUNK):
+        Cache.__init__(self, layers=[ReservedLayer(reserve, chunk) for _ in range(num_layers)])

@@ -122,8 +122,10 @@ def left_padded(pads: list[int] | tuple[int, ...]):
 
 
 def _is_left_padded_prefill(batch: int, q_length: int, kv_length: int) -> bool:
+    """A prefill of the batch :func:`left_padded` describes, with some padding (without any, transformers'
+    own path is already one causal call for the whole batch)."""
     pads = _LEFT_PADS.get()
-    return pads is not None and len(pads) == batch and q_length == kv_length > 1
+    return pads is not None and len(pads) == batch and q_length == kv_length > 1 and any(pads)
 
 
 def _mask(*args, batch_size: int = 1, **kwargs):

@@ -13,7 +13,7 @@ from paravt.data.tool_specs import DATA_TOOL_SCHEMAS
 from paravt.engines import hf
 from paravt.engines.base import SamplingParams
 from paravt.engines.hf import HFEngine
-from paravt.engines.kv_cache import ReservedCache, ReservedLayer
+from paravt.engines.kv_cache import CHUNK, ReservedCache, ReservedLayer
 from paravt.models.tokenize import encode_prompt
 
 
@@ -32,10 +32,33 @@ def test_a_reserved_layer_holds_what_concatenation_holds_in_one_buffer():
         assert torch.equal(ko, kr) and torch.equal(vo, vr)
         ptrs.add(ko.untyped_storage().data_ptr())
     assert len(ptrs) == 1 and ours.capacity == 12 and ours.get_seq_length() == 12  # never copied into new room
-    k, v = _states(gen, 3, 1)  # past the room: it grows, keeping what it holds
+    k, v = _states(gen, 3, 1)  # past the room: CHUNK more, keeping what it holds
     ko, _ = ours.update(k, v)
     kr, _ = ref.update(k, v)
-    assert torch.equal(ko, kr) and ours.capacity == 24
+    assert torch.equal(ko, kr) and ours.capacity == 13 + CHUNK
+    big = ReservedLayer(reserve=10_000)  # a large max_new_tokens: room for CHUNK at first, not the whole budget
+    big.update(*_states(gen, 2, 9))
+    assert big.capacity == 9 + CHUNK
+
+
+def test_keeping_some_rows_cuts_the_buffer_down_and_needs_no_new_room():
+    gen = torch.Generator().manual_seed(2)
+    ours, ref = ReservedLayer(reserve=8), DynamicLayer()
+    for q in (5, 1):
+        k, v = _states(gen, 4, q)
+        ours.update(k, v)
+        ref.update(k, v)
+    keep = torch.tensor([1, 3])
+    ours.batch_select_indices(keep)
+    ref.batch_select_indices(keep)
+    assert ours._kbuf.shape[0] == 2 and ours.capacity == 13  # the rows let go are not held any more
+    ptr = ours._kbuf.untyped_storage().data_ptr()
+    for _ in range(3):
+        k, v = _states(gen, 2, 1)
+        ko, vo = ours.update(k, v)
+        kr, vr = ref.update(k, v)
+        assert torch.equal(ko, kr) and torch.equal(vo, vr)
+    assert ours._kbuf.untyped_storage().data_ptr() == ptr
 
 
 def test_what_transformers_does_to_a_layers_tensors_is_taken_over():
