@@ -21,21 +21,24 @@ def _states(gen, b, q):
     return torch.randn(b, 2, q, 8, generator=gen), torch.randn(b, 2, q, 8, generator=gen)
 
 
+def _update_both(ours, ref, gen, b, q):
+    """The same new states into both layers; what each holds must be equal. Ours's keys."""
+    k, v = _states(gen, b, q)
+    ko, vo = ours.update(k, v)
+    kr, vr = ref.update(k, v)
+    assert torch.equal(ko, kr) and torch.equal(vo, vr)
+    return ko
+
+
 def test_a_reserved_layer_holds_what_concatenation_holds_in_one_buffer():
     gen = torch.Generator().manual_seed(0)
     ours, ref = ReservedLayer(reserve=5), DynamicLayer()
     ptrs = set()
     for q in (7, 1, 1, 1, 1, 1):  # a prefill, then five decode steps: exactly the room reserved
-        k, v = _states(gen, 3, q)
-        ko, vo = ours.update(k, v)
-        kr, vr = ref.update(k, v)
-        assert torch.equal(ko, kr) and torch.equal(vo, vr)
-        ptrs.add(ko.untyped_storage().data_ptr())
+        ptrs.add(_update_both(ours, ref, gen, 3, q).untyped_storage().data_ptr())
     assert len(ptrs) == 1 and ours.capacity == 12 and ours.get_seq_length() == 12  # never copied into new room
-    k, v = _states(gen, 3, 1)  # past the room: CHUNK more, keeping what it holds
-    ko, _ = ours.update(k, v)
-    kr, _ = ref.update(k, v)
-    assert torch.equal(ko, kr) and ours.capacity == 13 + CHUNK
+    _update_both(ours, ref, gen, 3, 1)  # past the room: CHUNK more, keeping what it holds
+    assert ours.capacity == 13 + CHUNK
     big = ReservedLayer(reserve=10_000)  # a large max_new_tokens: room for CHUNK at first, not the whole budget
     big.update(*_states(gen, 2, 9))
     assert big.capacity == 9 + CHUNK
@@ -45,19 +48,14 @@ def test_keeping_some_rows_cuts_the_buffer_down_and_needs_no_new_room():
     gen = torch.Generator().manual_seed(2)
     ours, ref = ReservedLayer(reserve=8), DynamicLayer()
     for q in (5, 1):
-        k, v = _states(gen, 4, q)
-        ours.update(k, v)
-        ref.update(k, v)
+        _update_both(ours, ref, gen, 4, q)
     keep = torch.tensor([1, 3])
     ours.batch_select_indices(keep)
     ref.batch_select_indices(keep)
     assert ours._kbuf.shape[0] == 2 and ours.capacity == 13  # the rows let go are not held any more
     ptr = ours._kbuf.untyped_storage().data_ptr()
     for _ in range(3):
-        k, v = _states(gen, 2, 1)
-        ko, vo = ours.update(k, v)
-        kr, vr = ref.update(k, v)
-        assert torch.equal(ko, kr) and torch.equal(vo, vr)
+        _update_both(ours, ref, gen, 2, 1)
     assert ours._kbuf.untyped_storage().data_ptr() == ptr
 
 
@@ -65,16 +63,11 @@ def test_what_transformers_does_to_a_layers_tensors_is_taken_over():
     gen = torch.Generator().manual_seed(1)
     ours, ref = ReservedLayer(reserve=4), DynamicLayer()
     for q in (6, 1):
-        k, v = _states(gen, 4, q)
-        ours.update(k, v)
-        ref.update(k, v)
+        _update_both(ours, ref, gen, 4, q)
     for layer in (ours, ref):  # transformers' own methods, written for concatenated tensors
         layer.batch_select_indices(torch.tensor([0, 2]))
         layer.crop(-2)
-    k, v = _states(gen, 2, 1)
-    ko, vo = ours.update(k, v)
-    kr, vr = ref.update(k, v)
-    assert ko.shape == (2, 2, 6, 8) and torch.equal(ko, kr) and torch.equal(vo, vr)
+    assert _update_both(ours, ref, gen, 2, 1).shape == (2, 2, 6, 8)
     ours.reset()
     k, v = _states(gen, 2, 3)
     assert torch.equal(ours.update(k, v)[0], k)
