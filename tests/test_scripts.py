@@ -135,6 +135,24 @@ def test_server_gpus_are_the_jobs_logical_gpus(monkeypatch):
     assert physical_gpus([0, 7]) == "0,7"
 
 
+def test_a_cpu_vllm_server_runs_its_worker_in_the_engine_core_only_when_asked():
+    """cpu_worker_process=false: vLLM's uni executor (the worker inside the engine core, as on one GPU), which the
+    CPU build allows only with VLLM_ENABLE_V1_MULTIPROCESSING=0; the default and any GPU server keep vLLM's own."""
+    import pytest
+
+    from paravt.engines.vllm import VLLMServerConfig
+    from paravt.engines.vllm import launch_command as vllm_launch
+
+    argv, env = vllm_launch(VLLMServerConfig(model_path="m", cpu_worker_process=False))
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    for cfg in (VLLMServerConfig(model_path="m"), VLLMServerConfig(model_path="m", gpus=[0], cpu_worker_process=False)):
+        argv, env = vllm_launch(cfg)
+        assert "--distributed-executor-backend" not in argv and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    with pytest.raises(ValueError, match="tp_size must be 1"):
+        VLLMServerConfig(model_path="m", tp_size=2, cpu_worker_process=False)
+
+
 def test_gpu_tests_fail_rather_than_skip_without_cuda():
     import torch
     if torch.cuda.is_available():

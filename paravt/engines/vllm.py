@@ -12,7 +12,9 @@ with what those clients need:
 * ``--trust-request-mm-kwargs``: the client sends the overview budget K of a ``video_url`` item as
   per-request ``mm_processor_kwargs``/``media_io_kwargs``, which vLLM rejects (HTTP 400) otherwise;
 * ``--allowed-local-media-path``: ``file://`` videos on the ``video_url`` channel;
-* on CPU: ``--dtype float32 --enforce-eager`` and ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache);
+* on CPU: ``--dtype float32 --enforce-eager`` and ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache), and with
+  ``cpu_worker_process=false`` the model worker inside the engine core's process (``--distributed-executor-backend
+  uni``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the layout of a one-GPU server;
 * a rollout server (``rollout=True``): ``--enable-scale-out`` (the ``/inference/v1/generate`` tokens
   endpoint), ``--logprobs-mode processed_logprobs`` (log-softmax after temperature and the vision-token
   ban: the distribution each token was drawn from; vLLM's default is before temperature) and
@@ -58,6 +60,12 @@ class VLLMServerConfig:
     trust_request_mm_kwargs: bool = True  # accept per-request media_io_kwargs / mm_processor_kwargs (K on video_url)
     enforce_eager: bool = False  # no CUDA graphs / compilation (the CPU recipe sets it)
     cpu_kvcache_space_gb: int | None = None  # VLLM_CPU_KVCACHE_SPACE on the CPU build
+    # The CPU build (no gpus) only: true (vLLM's default there) runs the model worker in a process of its own
+    # (vLLM's mp executor, which binds the worker's OpenMP threads to cores); false runs it inside the engine
+    # core's process, as vLLM runs every one-GPU server (its uni executor; the CPU build allows it with
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0): one interpreter start fewer (~35 s -> ~25 s to start on 2 cores,
+    # tiny model), its threads OMP_NUM_THREADS's, unbound. Needs tp_size 1.
+    cpu_worker_process: bool = True
     seed: int = 0  # --seed
     # A rollout server for RL: the tokens endpoint, processed logprobs, the dev routes and the weight reload.
     rollout: bool = False
@@ -84,6 +92,9 @@ class VLLMServerConfig:
         check_choices(self, "rollout.vllm")
         if self.tp_size < 1 or (self.gpus and len(self.gpus) % self.tp_size):
             raise ValueError(f"tp_size {self.tp_size} must divide the number of GPUs {self.gpus}")
+        if not self.cpu_worker_process and not self.gpus and self.tp_size != 1:
+            raise ValueError(f"cpu_worker_process=false runs one worker inside the engine core: tp_size must be 1, "
+                             f"got {self.tp_size}")
 
     @property
     def url(self) -> str:
@@ -142,6 +153,9 @@ def launch_command(cfg: VLLMServerConfig) -> tuple[list[str], dict[str, str]]:
     if cfg.rollout:
         argv += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--worker-extension-cls",
                  WORKER_EXTENSION]
+    in_engine = not cfg.gpus and not cfg.cpu_worker_process
+    if in_engine:
+        argv += ["--distributed-executor-backend", "uni"]
     if cfg.lora_rank:
         argv += ["--enable-lora", "--max-loras", "1", "--max-lora-rank",
                  str(next(r for r in LORA_RANKS if r >= cfg.lora_rank))]
@@ -156,6 +170,8 @@ def launch_command(cfg: VLLMServerConfig) -> tuple[list[str], dict[str, str]]:
         env["PYTHONPATH"] = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
     if cfg.cpu_kvcache_space_gb:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gb)
+    if in_engine:  # vllm/platforms/cpu.py turns uni back into mp unless this is 0 (the API server still
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # starts the engine core in its own process)
     if cfg.lora_rank:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter (vllm/entrypoints/serve/lora/api_router.py)
     return argv, env

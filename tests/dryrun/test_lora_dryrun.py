@@ -13,8 +13,10 @@ from tests.dryrun.conftest import ROOT, TEXT, dry_run
 
 RECIPE = "configs/rl/paragrpo_8b_lora_4gpu.yaml"
 GIB = 2 ** 30
-SMALL = ["--gpus", "4", "grpo.n_samples=2", "hierarchical_agent.max_new_tokens=64", "paravt.gating.choices=[4]",
-         "hierarchical_agent.crop.max_pixels=12544"]
+# 6 x 2 samples over the 3 trainer ranks: every rank the same work, so each run traces one rank (uneven ranks, each
+# kind traced, are tests/dryrun/test_launch.py's)
+SMALL = ["--gpus", "4", "grpo.prompts_per_step=6", "grpo.n_samples=2", "hierarchical_agent.max_new_tokens=64",
+         "paravt.gating.choices=[4]", "hierarchical_agent.crop.max_pixels=12544"]
 
 
 def _adapter_params(rank: int) -> int:
@@ -38,7 +40,7 @@ def test_lora_shrinks_the_optimizer_state_drops_the_reference_and_pushes_the_ada
         if name == "lora":
             assert "weight push per step: the LoRA adapter alone" in proc.stdout
     lora, full = runs["lora"], runs["full"]
-    assert lora["world"] == full["world"] == 3
+    assert lora["world"] == full["world"] == 3 and len(lora["ranks"]) == len(full["ranks"]) == 1  # one kind of rank
     n_adapter = _adapter_params(64)
     note = next(n for n in lora["notes"] if n.startswith("lora:"))
     assert f"{n_adapter:,} of {lora['model']['params'] + n_adapter:,} parameters train" in note

@@ -67,6 +67,7 @@ def vllm_server(sft_checkpoint, tmp_path_factory):
     assert Path(python).exists(), f"{python} missing: bash scripts/setup_env.sh vllm"
     cfg = VLLMServerConfig(model_path=str(sft_checkpoint), python=python, port=free_port(), dtype="float32",
                            enforce_eager=True, cpu_kvcache_space_gb=1, served_model_name="paravt-tiny",
+                           cpu_worker_process=False,
                            log_file=str(tmp_path_factory.mktemp("rs_logs") / "vllm.log"))
     srv = VLLMServer(cfg).start()
     yield srv
@@ -81,7 +82,7 @@ def start_rollout_server(model, log_dir: Path, name: str):
     python = os.environ.get("PARAVT_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
     cfg = VLLMServerConfig(model_path=str(model), python=python, port=free_port(), dtype="float32", enforce_eager=True,
                            cpu_kvcache_space_gb=1, served_model_name="paravt-tiny", rollout=True,
-                           log_file=str(log_dir / f"{name}.log"))
+                           cpu_worker_process=False, log_file=str(log_dir / f"{name}.log"))
     return VLLMServer(cfg).start()
 
 

@@ -613,8 +613,9 @@ def test_the_vllm_recipe_runs_with_its_own_settings(sft_world, sft_checkpoint, t
 
 def test_killing_the_server_stops_the_run_with_a_checkpoint(sft_world, sft_checkpoint, tmp_path):
     out = tmp_path / "rl_kill"
+    # the CPU build's own layout (the recipe runs the worker inside the engine core): three processes to end
     args = _rl_args(sft_world, sft_checkpoint, out, "max_steps=40", "save_every=40", "grpo.max_staleness=0",
-                    "rollout.max_bad_steps=2")
+                    "rollout.max_bad_steps=2", "rollout.vllm.cpu_worker_process=true")
     p = subprocess.Popen(["bash", "scripts/run_rl.sh", *args], cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=_launch_env(1))
     try:
