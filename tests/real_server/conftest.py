@@ -57,18 +57,25 @@ def sft_checkpoint(sft_world, tmp_path_factory) -> Path:
     return out / "final"
 
 
-@pytest.fixture(scope="session")
-def vllm_server(sft_checkpoint, tmp_path_factory):
-    """vLLM started through the project's own launcher (paravt.engines.vllm), as eval's server.launch=vllm does."""
-    from paravt.engines.vllm import VLLMServer, VLLMServerConfig
+def server_config(model, log_file: str, rollout: bool = False):
+    """The group's vLLM launch settings (the CPU build from PARAVT_VLLM_PYTHON or .venv-vllm, float32, eager, 1 GiB
+    of KV cache, the worker inside the engine core) serving ``model`` on a free port."""
+    from paravt.engines.vllm import VLLMServerConfig
     from paravt.models.parallel import free_port
 
     python = os.environ.get("PARAVT_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
-    assert Path(python).exists(), f"{python} missing: bash scripts/setup_env.sh vllm"
-    cfg = VLLMServerConfig(model_path=str(sft_checkpoint), python=python, port=free_port(), dtype="float32",
-                           enforce_eager=True, cpu_kvcache_space_gb=1, served_model_name="paravt-tiny",
-                           cpu_worker_process=False,
-                           log_file=str(tmp_path_factory.mktemp("rs_logs") / "vllm.log"))
+    return VLLMServerConfig(model_path=str(model), python=python, port=free_port(), dtype="float32", enforce_eager=True,
+                            cpu_kvcache_space_gb=1, served_model_name="paravt-tiny", rollout=rollout,
+                            cpu_worker_process=False, log_file=log_file)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(sft_checkpoint, tmp_path_factory):
+    """vLLM started through the project's own launcher (paravt.engines.vllm), as eval's server.launch=vllm does."""
+    from paravt.engines.vllm import VLLMServer
+
+    cfg = server_config(sft_checkpoint, str(tmp_path_factory.mktemp("rs_logs") / "vllm.log"))
+    assert Path(cfg.python).exists(), f"{cfg.python} missing: bash scripts/setup_env.sh vllm"
     srv = VLLMServer(cfg).start()
     yield srv
     srv.stop()
@@ -76,14 +83,9 @@ def vllm_server(sft_checkpoint, tmp_path_factory):
 
 def start_rollout_server(model, log_dir: Path, name: str):
     """A vLLM server in rollout mode (our worker extension: weight pushes, versions) serving ``model``."""
-    from paravt.engines.vllm import VLLMServer, VLLMServerConfig
-    from paravt.models.parallel import free_port
+    from paravt.engines.vllm import VLLMServer
 
-    python = os.environ.get("PARAVT_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
-    cfg = VLLMServerConfig(model_path=str(model), python=python, port=free_port(), dtype="float32", enforce_eager=True,
-                           cpu_kvcache_space_gb=1, served_model_name="paravt-tiny", rollout=True,
-                           cpu_worker_process=False, log_file=str(log_dir / f"{name}.log"))
-    return VLLMServer(cfg).start()
+    return VLLMServer(server_config(model, str(log_dir / f"{name}.log"), rollout=True)).start()
 
 
 class RestartableServer:
