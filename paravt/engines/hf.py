@@ -255,7 +255,8 @@ class HFEngine(InferenceEngine):
         mm = (ids == self.image_token_id).long()
         # the prefill attends row by row over each prompt's own tokens, no (B, 1, L, L) mask (packed_attention.py)
         with self._lock, torch.no_grad(), left_padded((L - attn.sum(1)).tolist()):
-            # room for the whole generation reserved at the prefill: no copy of the cache per token (kv_cache.py)
+            # room made CHUNK positions at a time (up to max_new at the prefill): no copy of the cache per token
+            # (kv_cache.py)
             max_new = max(r.params.max_new_tokens for r in reqs)
             cache = ReservedCache(self.model.config.get_text_config().num_hidden_layers, reserve=max_new)
             while rows:
