@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from paravt.agent.tools import CropConfig, CropVideo, ToolContext, subagent_messages
+from paravt.core.startup import ready
 from paravt.core.toolcall import ToolCall
 from paravt.data.schema import load_rl_rows
 from paravt.core.seeding import py_rng
@@ -232,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, _ = load_rl_rows([str(Path(a.world) / "local" / "paravt_eval_synth.parquet")])
     rows = [r for r in rows if r.extra_info["question_type"] == "oe"][: a.limit]
     engine = HFEngine.from_pretrained(a.model)
+    ready()  # loaded: the collector runs again (paravt.core.startup)
     t0 = time.time()
     out = asyncio.run(probe_summaries(engine, rows, world, a.max_tokens))
     out["features"] = feature_stats(engine, rows)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from paravt.core.startup import ready
 from paravt.models.images import ImageInputs
 
 PROMPT_TEXT = 468  # system prompt, question, tool schema (tokens)
@@ -66,6 +67,7 @@ def build_model(cfg, attn: str, gradient_checkpointing: bool, dtype: torch.dtype
     if gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.config.use_cache = False
+    ready()  # the first model built: the modules are loaded, the collector runs again (paravt.core.startup)
     return model
 
 

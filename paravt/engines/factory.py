@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paravt.core.startup import ready
 from paravt.engines.base import EngineError
 from paravt.engines.registry import EngineBackend, get_backend
 from paravt.engines.weight_update import WeightUpdate
@@ -301,4 +302,5 @@ def build_engine(kind: str, model: str, processor=None, **settings: Any) -> Engi
     except ValueError:
         handle.stop()
         raise
+    ready()  # an engine is the last thing an eval or RL process sets up (paravt.core.startup)
     return handle

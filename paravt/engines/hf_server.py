@@ -38,6 +38,7 @@ from typing import Any
 
 from PIL import Image
 
+from paravt.core.startup import ready
 from paravt.engines.base import SamplingParams
 from paravt.engines.hf import HFEngine
 from paravt.models.images import ImageInputs
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = HFEngine.from_pretrained(a.model, dtype=a.dtype, max_batch_size=a.max_batch_size)
     app = build_app(engine, trust_request_mm_kwargs=a.trust_request_mm_kwargs,
                     enable_custom_logit_processor=a.enable_custom_logit_processor)
+    ready()  # loaded: the collector runs again while it serves (paravt.core.startup)
     web.run_app(app, host=a.host, port=a.port, print=lambda *x: log.info(*x))
     return 0
 

@@ -17,6 +17,7 @@ import os
 import sys
 
 from paravt.core.shared_fs import report_abort, stopped_on_purpose
+from paravt.core.startup import ready
 
 
 class RunAborted(RuntimeError):
@@ -93,6 +94,7 @@ def run_trainer(trainer_path: str, schema, argv: list[str] | None, prog: str, la
             lock = OutputLock(cfg.output_dir).acquire()
         module, cls = trainer_path.split(":")
         trainer = getattr(importlib.import_module(module), cls)(cfg)
+        ready()  # loaded and built: the collector runs again (paravt.core.startup)
     except (OutputLockBusy, DataError, ValueError, FileNotFoundError) as exc:
         # The user's input, not a crash: one line, exit 2. (The launch scripts run this same check in
         # a preflight before torchrun, so torchrun never restarts workers for a deterministic error.)

@@ -9,10 +9,9 @@ same functions as Qwen3-VL-8B (:mod:`paravt.models.loading`):
   </answer>`` as non-special added tokens (one id each; they survive ``skip_special_tokens``);
 * a Qwen-style chat template (tool messages grouped in a user turn as ``<tool_response>``);
 * the image-only Qwen3-VL processor (:mod:`paravt.models.processor`);
-* a random-init ``Qwen3VLForConditionalGeneration`` (≈1.7 M parameters by default),
-  optionally given an induction (copying) circuit by a short text-only warm-up
-  (``--copy-warmup-steps``, :class:`CopyWarmup`): what Qwen3-VL-8B brings from its language
-  pretraining and the main agent needs to read its sub-agents' reports.
+* a random-init ``Qwen3VLForConditionalGeneration`` (≈1.7 M parameters by default), optionally given an
+  induction (copying) circuit by a short text-only warm-up (``--copy-warmup-steps``, :class:`CopyWarmup`):
+  what Qwen3-VL-8B brings from its language pretraining and the main agent needs to read its sub-agents' reports.
 
 Nothing is downloaded. The config fields transformers accepts silently are validated here.
 """
@@ -28,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+from paravt.core.startup import ready
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
@@ -345,6 +346,7 @@ def build_tiny(out: str | Path, seed: int = 0, shape: TinyShape | None = None,
     config = build_config(shape, tokenizer)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).eval()
+    ready()  # built: the collector runs again for the warm-up (paravt.core.startup)
     if not shape.tie_word_embeddings:
         # A separate lm_head gets rows of norm ~2 (std 2/sqrt(hidden)) instead of HF's 0.02 init: the rows
         # stay apart when SFT freezes them (optim.freeze_lm_head), and the final RMSNorm's output (norm
@@ -373,9 +375,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"attention heads of the text stack (head_dim {TinyShape.head_dim})")
     p.add_argument("--kv-heads", type=int, default=TinyShape.num_key_value_heads)
     p.add_argument("--intermediate-size", type=int, default=TinyShape.intermediate_size)
-    p.add_argument("--copy-warmup-steps", type=int, default=CopyWarmup.steps,
-                   help="text-only copy warm-up steps that grow an induction circuit (0: random init; "
-                        "3000: ~3 min on 2 cores; the quickstart's WARMUP_STEPS, default 0)")
+    p.add_argument("--copy-warmup-steps", type=int, default=CopyWarmup.steps, help="text-only copy warm-up "
+                   "steps growing an induction circuit (0: random init; 3000: ~3 min on 2 cores; default 0)")
     p.add_argument("--copy-small-alphabet", type=float, default=CopyWarmup.small_alphabet_frac,
                    help="fraction of the copy warm-up steps drawn from a small alphabet per sequence (copying "
                         "then needs more than the last token: the times of a report)")
