@@ -11,10 +11,11 @@ __version__ = "0.1.0"
 # every run gave the same losses bit for bit, at the same speed. MKL_CBWR set by the user wins.
 _os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-# A `python -m paravt.<entry point>` process loads torch and transformers with the cyclic garbage collector
-# paused, and each entry point turns it back on once its set-up is done (paravt.core.startup: ~0.9 CPU-s a
-# process). Programs that import paravt are left as they are.
+# A `python -m paravt.<entry point>` process that loads torch and transformers does so with the cyclic garbage
+# collector paused, and the entry point turns it back on once its set-up is done (paravt.core.startup: ~0.9 CPU-s
+# a process). Programs that import paravt are left as they are.
 if _sys.argv[:1] == ["-m"]:
-    from paravt.core.startup import pause as _pause
+    from paravt.core import startup as _startup
 
-    _pause()
+    if _startup.entry_point() in _startup.HEAVY_ENTRY_POINTS:
+        _startup.pause()

@@ -20,8 +20,6 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from paravt.core.startup import ready
-
 
 def episode_from_record(rec: dict[str, Any]) -> dict[str, Any] | None:
     """One viewer episode from an RL ``trajectories.jsonl`` line or an eval result line (with
@@ -155,7 +153,6 @@ def render_html(episodes: list[dict[str, Any]], title: str = "ParaVT trajectorie
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     ap = argparse.ArgumentParser(prog="python -m paravt.viz", description=__doc__.split("\n\n")[0])
     ap.add_argument("jsonl", nargs="+", help="RL trajectories.jsonl or eval <split>.jsonl (save_trajectory=true)")
     ap.add_argument("-o", "--out", required=True, help="the HTML page to write")

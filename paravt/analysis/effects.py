@@ -39,7 +39,6 @@ import numpy as np
 from paravt.core.metrics import read_jsonl
 from paravt.analysis.run_settings import differences
 from paravt.analysis.seeds import two_level_bootstrap
-from paravt.core.startup import ready
 
 MODELS = ("sft", "vanilla", "paragrpo")
 KS = (4, 64)
@@ -171,7 +170,6 @@ def markdown(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     ap = argparse.ArgumentParser(prog="python -m paravt.analysis.effects", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="one rl_effects_pilot.sh output folder per seed")
     ap.add_argument("--against", nargs="+", type=Path, metavar="RUN_DIR",

@@ -26,7 +26,6 @@ from pathlib import Path
 from paravt.core.machine_speed import describe as describe_speed
 from paravt.core.metrics import read_jsonl
 from paravt.core.seeding import rng
-from paravt.core.startup import ready
 
 ROWS = [("sft-notool", "SFT, no tools"), ("sft-tool", "SFT, with tools"), ("vanilla-tool", "vanilla GRPO"),
         ("paragrpo-tool", "PARA-GRPO")]
@@ -281,7 +280,6 @@ def gtr_report(out: Path, ks=(4, 64)) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     args = list(argv if argv is not None else sys.argv[1:])
     if args and args[0] == "--gtr":
         print(gtr_report(Path(args[1])))

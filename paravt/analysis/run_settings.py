@@ -21,8 +21,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from paravt.core.startup import ready
-
 #: flattened keys (their last part) that differ between seeds by design
 PER_SEED = {"seed", "sample_seed", "weights", "resume", "date", "git_commit"}
 #: flattened key prefixes that are bookkeeping, not settings
@@ -116,7 +114,6 @@ def differences(runs: list[Path]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m paravt.analysis.run_settings",

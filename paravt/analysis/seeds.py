@@ -35,7 +35,6 @@ from paravt.core.metrics import read_jsonl
 from paravt.core.seeding import rng
 from paravt.analysis.report import COMPARISONS, MIN_COMPLIANCE, ROWS, comparison, md_table, per_question
 from paravt.analysis.run_settings import differences
-from paravt.core.startup import ready
 
 
 def seed_dirs(out: Path) -> list[Path]:
@@ -260,7 +259,6 @@ def fragility_curves(runs: list[Path], path: Path, window: int = 5) -> Path | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     args = list(argv if argv is not None else sys.argv[1:])
     allow = "--allow-differing-settings" in args
     args = [a for a in args if a != "--allow-differing-settings"]

@@ -23,8 +23,6 @@ import threading
 from typing import Mapping
 from urllib.parse import urlsplit
 
-from paravt.core.startup import ready
-
 RESOLVE_S = 10.0
 _INT = re.compile(r"[0-9]+")
 _SECONDS = ("HEARTBEAT_S", "RDZV_TIMEOUT", "FS_CHECK_TIMEOUT", "SERVERS_TIMEOUT", "SERVERS_GRACE")
@@ -119,7 +117,6 @@ def node_gpus(visible: int, env: Mapping[str, str] = os.environ) -> int:
 
 
 def main(argv: list[str]) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     prog = argv[0] if argv else "paravt"
     try:
         check_env(os.environ)

@@ -21,8 +21,6 @@ import sys
 from pathlib import Path
 from typing import IO, Iterable
 
-from paravt.core.startup import ready
-
 # glog-style lines of torch's elastic agent: "E1203 21:18:47.834000 397 torch/distributed/elastic/...] ..."
 ELASTIC_ERROR = re.compile(r"^E\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ torch/distributed/elastic/")
 AGENT_FRAME = re.compile(r'^\s+File ".*(?:/bin/torchrun|torch/distributed/(?:run|launcher/api|elastic/)[^"]*)", line')
@@ -76,7 +74,6 @@ def run(log_path: Path, src: IO[str], dst: IO[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     a = sys.argv[1:] if argv is None else argv
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # Ctrl-C reaches the process group: this ends
         signal.signal(sig, signal.SIG_IGN)                       # at EOF, after torchrun's last line

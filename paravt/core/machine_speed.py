@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from paravt.core.startup import ready
-
 
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo ("unknown" where there is none)."""
@@ -73,7 +71,6 @@ def describe(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     ap = argparse.ArgumentParser(prog="python -m paravt.core.machine_speed", description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="threads for the products (default 2)")
     ap.add_argument("--seconds", type=float, default=2.0, help="length of each timed run (default 2 s)")

@@ -18,8 +18,6 @@ import signal
 import sys
 import time
 
-from paravt.core.startup import ready
-
 
 def group_alive(pgid: int) -> bool:
     try:
@@ -82,7 +80,6 @@ def end_group(pgid: int, grace_s: float) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     p = argparse.ArgumentParser(prog="python -m paravt.core.reaper", description=__doc__.split("\n\n")[0])
     p.add_argument("--pgid", type=int, required=True, help="the server's process group")
     p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")

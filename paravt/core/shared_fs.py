@@ -40,8 +40,6 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-from paravt.core.startup import ready
-
 ABORT_FILE_ENV = "PARAVT_ABORT_FILE"
 SHARED_HINT = ("a run on several nodes needs output_dir on a filesystem every node shares (checkpoints, their "
                "COMPLETE markers and a stopped run's line are written there by rank 0 and read by every node)")
@@ -310,7 +308,6 @@ def _opts(argv: list[str], names: set[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     a = list(sys.argv[1:] if argv is None else argv)
     cmd = a.pop(0) if a else ""
     o, rest = _opts(a, {"output-dir", "prog", "timeout", "dir", "node", "nnodes", "interval", "pid", "since", "store",

@@ -27,8 +27,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from paravt.core.startup import ready
-
 PARQUET_REPO = "ParaVT/ParaVT-Parquet"
 SOURCE_REPO = "ParaVT/ParaVT-Source"
 
@@ -122,7 +120,6 @@ def default_media_root() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     p = argparse.ArgumentParser(prog="python -m paravt.data.fetch", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))

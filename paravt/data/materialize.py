@@ -35,8 +35,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from paravt.core.startup import ready
-
 BUCKETS = ("longvt_source", "museg/charades", "museg/et_instruct_164k", "selfqa")
 MEDIA_COLUMNS = ("videos", "messages", "prompt")
 
@@ -189,7 +187,6 @@ def materialize(root: str | Path, parquet_dir: str | Path, output_dir: str | Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     p = argparse.ArgumentParser(prog="python -m paravt.data.materialize", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", required=True, help="extraction root of the media archive (holds longvt_source/, museg/, selfqa/)")
     p.add_argument("--parquet-dir", required=True, help="folder with the released paravt_*.parquet files")

@@ -28,7 +28,6 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paravt.core.startup import ready
 from paravt.eval.hub import HubConfig, HubUnavailable, media_dir, prepare, snapshot
 from paravt.eval.splits import LoadReport, SPLITS, load_split, split_name
 
@@ -67,7 +66,6 @@ def fetch_split(name: str, *, cache_dir: str | None = None, media_root: str | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     from paravt.core.secrets import load_secrets  # noqa: PLC0415
 
     load_secrets()  # HF_TOKEN for gated splits, as the launch scripts read it

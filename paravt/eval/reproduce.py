@@ -21,7 +21,6 @@ from pathlib import Path
 
 from paravt.core.config import load_config
 from paravt.core.prompts import available_modes
-from paravt.core.startup import ready
 from paravt.eval.config import EvalConfig
 from paravt.eval.driver import Evaluator, engine_key
 from paravt.eval.identity import ResumeMismatch
@@ -178,7 +177,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     ap = _parser()
     a = ap.parse_args(argv)
     try:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import sys
 
-from paravt.core.startup import ready
-
 
 def trainer_gpus(ngpu: int, rollout: list[int], visible: list[str], node_rank: int) -> list[str]:
     """Physical ids of this node's trainer GPUs."""
@@ -34,7 +32,6 @@ def world_size(ngpu: int, rollout: list[int], nnodes: int, nproc: int | None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     a = sys.argv[1:] if argv is None else argv
     ngpu = int(a[0])
     rollout = [int(x) for x in a[1].split(",")] if len(a) > 1 and a[1] not in ("", "-") else []

@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from paravt.core.startup import ready
 from paravt.rl.layout import Plan, check_layout, plan, publish, read_number
 
 
@@ -204,7 +203,6 @@ def serve(cfg: Any, p: Plan, folder: Path, nodes_dir: Path | None, prog: str = "
 
 def main(argv: list[str] | None = None) -> int:
     """This node's servers (:func:`serve`) under ``$PARAVT_SERVERS_DIR``, as ``scripts/run_rl.sh`` starts them."""
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     from paravt.core.config import parse_cli  # noqa: PLC0415
     from paravt.rl.config import RLConfig  # noqa: PLC0415
 

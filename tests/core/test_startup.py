@@ -1,5 +1,5 @@
-"""`python -m paravt.…` processes load their modules with the cyclic garbage collector paused, and every entry
-point turns it back on (collect, freeze, enable) once its set-up is done (paravt.core.startup)."""
+"""`python -m paravt.…` processes that load torch and the model code do so with the cyclic garbage collector paused,
+and each turns it back on (collect, freeze, enable) once its set-up is done (paravt.core.startup)."""
 
 import ast
 import json
@@ -35,34 +35,31 @@ print(json.dumps({"before": before, "after": after, "again": again, "child": chi
 """
 
 
-def _python(args, env_extra=None, path=()):
+def _python(args):
     env = {k: v for k, v in os.environ.items() if k != "PARAVT_STARTUP_GC"}
-    env.update({"PYTHONPATH": os.pathsep.join([*map(str, path), str(ROOT)]), **(env_extra or {})})
+    env["PYTHONPATH"] = str(ROOT)
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-ENTRY = """
-import gc, json
-from paravt.core import startup
-was = [gc.isenabled(), startup.paused()]
-frozen0 = gc.get_freeze_count()
-startup.ready()
-print(json.dumps({"was": was, "now": [gc.isenabled(), startup.paused()], "froze": gc.get_freeze_count() > frozen0}))
-"""
+# Reports at exit whether the collector is on: `--help` exits before an entry point reaches ready().
+SITECUSTOMIZE = 'import atexit, gc, sys\natexit.register(lambda: print("collecting", gc.isenabled()))\n'
 
 
-@pytest.mark.parametrize("env,paused", [(None, True), ({"PARAVT_STARTUP_GC": "on"}, False)])
-def test_a_dash_m_process_loads_paravt_paused_unless_told_and_collects_after_ready(tmp_path, env, paused):
-    # `python -m pkg.mod` imports its package first, with sys.argv[0] == "-m", as `python -m paravt.sft.train` does
-    (tmp_path / "entry").mkdir()
-    (tmp_path / "entry/__init__.py").write_text("import paravt\n")
-    (tmp_path / "entry/main.py").write_text(ENTRY)
-    out = _python(["-m", "entry.main"], env, path=[tmp_path])
-    assert out["was"] == [not paused, paused]
-    assert out["now"] == [True, False]
-    assert out["froze"] is paused  # the set-up's survivors left out of later collections
+@pytest.mark.parametrize("args,env,paused", [
+    (["-m", "paravt.analysis.probe", "--help"], None, True),  # loads the model code: paused
+    (["-u", "-m", "paravt.analysis.probe", "--help"], None, True),  # interpreter options before -m (torchrun's -u)
+    (["-m", "paravt.analysis.probe", "--help"], {"PARAVT_STARTUP_GC": "on"}, False),  # the opt-out
+    (["-m", "paravt.viz", "--help"], None, False),  # a light tool: nothing heavy to load, left alone
+])
+def test_a_heavy_entry_point_loads_paused_unless_told(tmp_path, args, env, paused):
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    e = {k: v for k, v in os.environ.items() if k != "PARAVT_STARTUP_GC"}
+    e.update({"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", **(env or {})})
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=e, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == f"collecting {not paused}"
 
 
 def test_pause_ready_and_a_forked_child():
@@ -85,28 +82,22 @@ def _calls_ready(path: Path, function: str | None = None) -> bool:
     return any(isinstance(c, ast.Call) and getattr(c.func, "id", None) == "ready" for n in nodes for c in ast.walk(n))
 
 
-# Entry points whose set-up ends in a shared function: the trainers' (run_trainer: after the trainer is built),
-# the eval driver's (build_engine: its engine is the last thing it sets up), the dry run's (its first model).
-DELEGATES = {
-    "paravt/sft/train.py": ("paravt/models/stage_main.py", "run_trainer"),
-    "paravt/rl/train.py": ("paravt/models/stage_main.py", "run_trainer"),
-    "paravt/eval/driver.py": ("paravt/engines/factory.py", "build_engine"),
-    "paravt/dryrun/__main__.py": ("paravt/dryrun/workload.py", "build_model"),
-    "paravt/models/tiny.py": ("paravt/models/tiny.py", "build_tiny"),
+# Where each heavy entry point's set-up ends: the trainers' after they are built (run_trainer), the eval driver's
+# when its engine is built (build_engine), the dry run's first model, the server before it serves.
+SET_UP_ENDS = {
+    "paravt.sft.train": ("paravt/models/stage_main.py", "run_trainer"),
+    "paravt.rl.train": ("paravt/models/stage_main.py", "run_trainer"),
+    "paravt.eval.driver": ("paravt/engines/factory.py", "build_engine"),
+    "paravt.dryrun": ("paravt/dryrun/workload.py", "build_model"),
+    "paravt.models.tiny": ("paravt/models/tiny.py", "build_tiny"),
+    "paravt.engines.hf_server": ("paravt/engines/hf_server.py", "main"),
+    "paravt.analysis.probe": ("paravt/analysis/probe.py", "main"),
 }
 
 
-def test_every_entry_point_of_the_package_turns_the_collector_back_on():
-    entries = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "paravt").rglob("*.py")
-                     if p.name == "__main__.py" or '__name__ == "__main__"' in p.read_text())
-    assert len(entries) >= 20, entries
-    missing = []
-    for rel in entries:
-        if rel in DELEGATES:
-            target, fn = DELEGATES[rel]
-            ok = _calls_ready(ROOT / target, fn)
-        else:
-            ok = _calls_ready(ROOT / rel, "main")
-        if not ok:
-            missing.append(rel)
-    assert not missing, f"entry points that never call paravt.core.startup.ready(): {missing}"
+def test_every_heavy_entry_point_turns_the_collector_back_on():
+    from paravt.core.startup import HEAVY_ENTRY_POINTS
+
+    assert set(SET_UP_ENDS) == set(HEAVY_ENTRY_POINTS)
+    missing = [m for m, (path, fn) in SET_UP_ENDS.items() if not _calls_ready(ROOT / path, fn)]
+    assert not missing, f"entry points paused at start-up that never call paravt.core.startup.ready(): {missing}"

@@ -8,7 +8,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from paravt.core.startup import ready
 from paravt.data.synthetic import __doc__ as DOC
 from paravt.data.synthetic.world import MCQ_OPTIONS, READING_FORMATS, REPORT_WORDINGS, THOUGHT_SIGHTINGS, WorldConfig
 from paravt.data.synthetic.writer import build_world
@@ -26,7 +25,6 @@ PRESETS: dict[str, dict] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     p = argparse.ArgumentParser(prog="python -m paravt.data.synthetic", description=DOC.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder (media/, parquet/, world.json)")
     p.add_argument("--preset", default="default", choices=sorted(PRESETS),

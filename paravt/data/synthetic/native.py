@@ -28,8 +28,6 @@ import re
 import sys
 from pathlib import Path
 
-from paravt.core.startup import ready
-
 THINK_RE = re.compile(r"<think>(.*?)</think>\s*", re.DOTALL)
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -81,7 +79,6 @@ def rewrite(paths: list[str], out: str, keep_reasoning: bool = True) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     ap = argparse.ArgumentParser(prog="python -m paravt.data.synthetic.native", description=__doc__.split("\n\n")[0])
     ap.add_argument("inputs", nargs="+", help="SFT parquet files in the structured format")
     ap.add_argument("--out", required=True, help="the native-format parquet to write")

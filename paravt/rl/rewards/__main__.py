@@ -18,7 +18,6 @@ import json
 import sys
 
 from paravt.agent.tools import recipe_call_parser
-from paravt.core.startup import ready
 from paravt.core.toolcall import ToolCallParser
 from paravt.rl.rewards.terms import RewardKnobs, compute_reward
 
@@ -44,7 +43,6 @@ def parser_from_recipe(path: str | None) -> ToolCallParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready()  # nothing heavy to load first: the collector runs as usual (paravt.core.startup)
     ap = argparse.ArgumentParser(prog="python -m paravt.rl.rewards", description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", help="RL recipe YAML whose paravt: block sets the knobs")
     ap.add_argument("--jsonl", required=True, help="input lines {completion, answer, question_type} ('-' = stdin)")
