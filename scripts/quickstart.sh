@@ -12,7 +12,7 @@
 #   Sizes (environment): PERC_STEPS (600), SFT_STEPS (900), RL_STEPS (12), EVAL_LIMIT (60 questions per cell: the first 60 of the
 #     needle world's 120), EVAL_CONCURRENCY (64 eval samples in flight), SEED (0). bash scripts/reproduce_tiny.sh runs the
 #     measured setting of docs/RESULTS.md, RL_STEPS=20 EVAL_LIMIT=120. With these defaults the pipeline took 929 s on 2 cores
-#     at ~308 GFLOP/s and 39 min modelled at ~120 (2026-12-05; docs/RESULTS.md).
+#     at ~308 GFLOP/s and 1,169 s modelled at ~125 (2026-12-05; docs/RESULTS.md).
 #   The world and the tiny base's lessons (defaults are the measured setting; docs/GUIDE.md "quickstart knobs"
 #   says what each does): WORLD_PRESET (needle), HEAD (trained | frozen | tied), SFT_READING (1),
 #   READING_FORMAT (user), SFT_PHASES ("reading_long:600 reading_episode:600"), WARMUP_STEPS (0), COPY_AUX (0),
